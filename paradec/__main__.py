@@ -1,0 +1,5 @@
+import sys
+
+from paradec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,90 @@
+"""``paradec`` command line: thin over the library.
+
+Every user error is one line on stderr (``paradec: error: ...``) and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from paradec.errors import ParadecError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        self.exit(2, f"paradec: error: {message} (see --help)\n")
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past EOS (benchmarks)")
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="Hugging Face-format model directory")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="paradec", description="Lossless fast decoding for Hugging Face-format LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    _add_model(g)
+    g.add_argument("--method", default="ar")
+    _add_sampling(g)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object (last stdout line)")
+    g.add_argument("prompt")
+    return parser
+
+
+def resolve_model(path: str | None) -> str:
+    if path is None:
+        raise ParadecError("no model given; pass --model PATH to a Hugging Face-format directory "
+                           "(config.json + *.safetensors + tokenizer)")
+    return path
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    import paradec
+
+    engine = paradec.load(resolve_model(args.model), dtype=args.dtype, device=args.device)
+    kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+                  ignore_eos=args.ignore_eos, chat=args.chat)
+    if args.json:
+        out = engine.generate(args.prompt, **kwargs)
+        print(json.dumps(out.as_dict()))
+        return
+    for piece in engine.stream(args.prompt, **kwargs):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+COMMANDS = {"generate": cmd_generate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except ParadecError as exc:
+        print(f"paradec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

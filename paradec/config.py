@@ -1,0 +1,171 @@
+"""Frozen configuration records, built once at the edge (CLI, ``paradec.load``) and passed down.
+
+``ModelConfig`` is read from a Hugging Face ``config.json``; ``SamplingConfig`` and
+``GenerationConfig`` describe one ``generate`` call. Nothing below the edge reads globals or
+environment variables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paradec.errors import ParadecError
+
+# HF architecture name -> (bias on q/k/v projections, bias on o projection) decided per family.
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder (Llama, Qwen2, Mistral)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, float | str], ...] | None = None  # sorted (key, value) pairs
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def context_length(self) -> int:
+        """Longest sequence this runtime decodes exactly (sliding-window models: the window)."""
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_hf(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
+        archs = raw.get("architectures") or []
+        arch = archs[0] if archs else _arch_from_model_type(raw.get("model_type"))
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ParadecError(
+                f"unsupported architecture {arch!r} in {source}; paradec runs "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)} checkpoints"
+            )
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ParadecError(
+                f"unsupported hidden_act {raw.get('hidden_act')!r} in {source}; "
+                "paradec runs SiLU-gated Llama-family models"
+            )
+        try:
+            heads = int(raw["num_attention_heads"])
+            hidden = int(raw["hidden_size"])
+            head_dim = raw.get("head_dim") or hidden // heads
+            eos = raw.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            rope_scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
+            rope_theta = float(raw.get("rope_theta", 0) or 0)
+            if isinstance(rope_scaling, dict) and "rope_theta" in rope_scaling and not rope_theta:
+                rope_theta = float(rope_scaling["rope_theta"])
+            rope_scaling = _normalize_rope_scaling(rope_scaling, source)
+            is_qwen = arch == "Qwen2ForCausalLM"
+            sliding = raw.get("sliding_window") if raw.get("use_sliding_window", not is_qwen) else None
+            return cls(
+                architecture=arch,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(head_dim),
+                rope_theta=rope_theta or 10000.0,
+                rope_scaling=rope_scaling,
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                qkv_bias=is_qwen or bool(raw.get("attention_bias", False)),
+                o_bias=(not is_qwen) and bool(raw.get("attention_bias", False)),
+                mlp_bias=bool(raw.get("mlp_bias", False)),
+                sliding_window=int(sliding) if sliding else None,
+                bos_token_id=raw.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParadecError(f"{source} is missing or has a bad field ({exc}); "
+                               "pass a Hugging Face Llama/Qwen2/Mistral config.json") from None
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ParadecError(f"no config.json in {model_dir}; pass --model PATH to a Hugging Face "
+                               "model directory (config.json + *.safetensors)")
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ParadecError(f"{path} is not valid JSON ({exc.__class__.__name__}); "
+                               "re-export the checkpoint") from None
+        return cls.from_hf(raw, str(path))
+
+
+def _arch_from_model_type(model_type: str | None) -> str:
+    return {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "mistral": "MistralForCausalLM"}.get(model_type or "", str(model_type))
+
+
+def _normalize_rope_scaling(rs: dict | None, source: str) -> tuple | None:
+    if not rs:
+        return None
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in ("linear", "llama3"):
+        raise ParadecError(f"unsupported rope_scaling type {kind!r} in {source}; "
+                           "paradec supports default, linear and llama3 RoPE")
+    keep = {k: v for k, v in rs.items() if k in
+            ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    return tuple(sorted({**keep, "rope_type": kind}.items()))
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ParadecError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ParadecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ParadecError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One ``generate`` call: length, stopping, sampling, and the decoding method."""
+
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    method: str = "ar"
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ParadecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")

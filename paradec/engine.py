@@ -1,0 +1,327 @@
+"""The decode loop every method shares, and the user-facing ``Engine``.
+
+    prompt -> prefill -> loop { propose a token tree -> verify it in one target pass
+                                -> accept a path + bonus -> commit the accepted K/V } -> text
+
+``ar`` is the same loop with a root-only tree. Methods differ only in the drafter that
+proposes trees and the acceptance rule (``paradec.verify``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from paradec.config import GenerationConfig, SamplingConfig
+from paradec.errors import ParadecError
+from paradec.models import Transformer, load_model
+from paradec.tree import TokenTree, attention_mask, positions
+from paradec.verify import Verdict, accept_greedy, accept_sampled
+
+METHODS = ("ar",)
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+          "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass
+class Stats:
+    """What one prompt's decode cost. tau = new_tokens / steps (AR: 1.0)."""
+
+    method: str
+    new_tokens: int = 0
+    steps: int = 0  # target forward passes after prefill
+    prefill_s: float = 0.0
+    wall_s: float = 0.0  # prefill included
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s else 0.0
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "new_tokens": self.new_tokens, "steps": self.steps,
+                "tau": round(self.tau, 4), "prefill_s": round(self.prefill_s, 5),
+                "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3)}
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]  # new tokens only (EOS included when it ended the text)
+    finish_reason: str  # "eos" | "stop" | "length"
+    stats: Stats
+
+    def as_dict(self) -> dict:
+        return {**self.stats.as_dict(), "text": self.text, "token_ids": self.token_ids,
+                "finish_reason": self.finish_reason}
+
+
+@dataclass
+class Row:
+    """Per-sequence decode state. ``tokens[-1]`` is the root: generated, not yet in the cache."""
+
+    tokens: list[int]
+    n_prompt: int
+    generator: torch.Generator | None
+    stats: Stats
+    done: bool = False
+    finish_reason: str = "length"
+    budget: int = 0  # new tokens still allowed
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.tokens[self.n_prompt:]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    row: int
+    token_ids: list[int]  # tokens committed this step for this row
+
+
+@dataclass
+class Tokenizer:
+    """The HF tokenizer plus the ids that end a text."""
+
+    hf: object
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        if chat:
+            if not getattr(self.hf, "chat_template", None):
+                raise ParadecError("this model's tokenizer has no chat template; drop --chat")
+            text = self.hf.apply_chat_template([{"role": "user", "content": text}],
+                                               add_generation_prompt=True, tokenize=False)
+            return list(self.hf(text, add_special_tokens=False).input_ids)
+        return list(self.hf(text).input_ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+
+def load_tokenizer(model_dir: Path, config_eos: tuple[int, ...]) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    try:
+        hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a missing/broken tokenizer
+        raise ParadecError(f"cannot load a tokenizer from {model_dir} ({exc.__class__.__name__}); "
+                           "the directory needs tokenizer.json or the files of its tokenizer") from None
+    eos = set(config_eos)
+    gen_cfg = model_dir / "generation_config.json"
+    if gen_cfg.is_file():
+        val = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        eos.update(val if isinstance(val, list) else [val] if val is not None else [])
+    if hf.eos_token_id is not None:
+        eos.add(hf.eos_token_id)
+    return Tokenizer(hf, frozenset(eos))
+
+
+class Engine:
+    """A loaded target model + tokenizer; ``generate`` and ``stream`` run any method on it."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, model_dir: Path | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self.device = model.embed.weight.device
+
+    # ---- public API -------------------------------------------------------------------------
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]], *, method: str = "ar",
+                 max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
+                 ignore_eos: bool = False, chat: bool = False) -> Generation | list[Generation]:
+        """Decode one prompt (str or token ids) or a batch (a list of them).
+
+        Returns one ``Generation`` per prompt, in order (a bare one for a single prompt).
+        Example: ``engine.generate("def add(a, b):", max_new_tokens=32).text``.
+        """
+        single, batch = _as_batch(prompts)
+        gen = self._config(method, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos)
+        ids = [self._encode(p, chat) for p in batch]
+        rows = self._rows(ids, gen)
+        for _ in self._decode(rows, gen):
+            pass
+        out = [self._finish(row, gen) for row in rows]
+        return out[0] if single else out
+
+    def stream(self, prompt: str | list[int], **kwargs) -> Iterator[str]:
+        """Yield the text of one prompt piece by piece as it is committed (same kwargs as
+        ``generate``). The pieces concatenate to ``generate(prompt, ...).text``."""
+        chat = kwargs.pop("chat", False)
+        gen = self._config(kwargs.pop("method", "ar"), kwargs.pop("max_new_tokens", 128),
+                           kwargs.pop("temperature", 0.0), kwargs.pop("top_k", 0),
+                           kwargs.pop("top_p", 1.0), kwargs.pop("seed", None),
+                           kwargs.pop("stop", None), kwargs.pop("ignore_eos", False))
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        rows = self._rows([self._encode(prompt, chat)], gen)
+        hold = max((len(s) for s in gen.stop), default=1) - 1  # a stop string may be mid-way
+        sent = 0
+        for _ in self._decode(rows, gen):
+            text = self._visible_text(rows[0], gen)
+            safe = len(text) if rows[0].done else max(sent, len(text) - hold)
+            while safe > sent and text[safe - 1] == "\ufffd":  # an unfinished UTF-8 sequence
+                safe -= 1
+            if safe > sent:
+                yield text[sent:safe]
+                sent = safe
+        text = self._visible_text(rows[0], gen)
+        if len(text) > sent:
+            yield text[sent:]
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _decode(self, rows: list[Row], gen: GenerationConfig) -> Iterator[StepEvent]:
+        start = time.perf_counter()
+        cache = self.model.new_cache(len(rows), max(len(r.tokens) for r in rows) + gen.max_new_tokens + 1)
+        with torch.inference_mode():
+            self._prefill(rows, cache)
+            prefill_s = time.perf_counter() - start
+            for row in rows:
+                row.stats.prefill_s = prefill_s
+            while not all(row.done for row in rows):
+                trees = [TokenTree.root_only(row.tokens[-1]) for row in rows]
+                logits = self._verify_forward(trees, cache)
+                verdicts = self._accept(trees, logits, rows, gen.sampling)
+                for b, (row, tree, verdict) in enumerate(zip(rows, trees, verdicts)):
+                    if row.done:
+                        continue
+                    cache.commit(b, verdict.nodes)
+                    new = [tree.tokens[n] for n in verdict.nodes[1:]] + [verdict.bonus]
+                    committed = self._append(row, new, gen)
+                    row.stats.steps += 1
+                    if row.done:
+                        row.stats.wall_s = time.perf_counter() - start
+                    yield StepEvent(b, committed)
+
+    def _prefill(self, rows: list[Row], cache) -> None:
+        """Put every token but the root of each row into the cache (right-padded batch)."""
+        lengths = [len(r.tokens) - 1 for r in rows]
+        width = max(lengths)
+        if width == 0:
+            return
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, row in enumerate(rows):
+            tokens[b, : lengths[b]] = torch.tensor(row.tokens[:-1])
+        pos = torch.arange(width).expand(len(rows), width)
+        # plain causal: a real query never sees padding, a padding query sees only finite rows
+        causal = torch.ones(width, width, dtype=torch.bool).tril()[None, None]
+        self.model.hidden(tokens.to(self.device), pos.to(self.device), causal.to(self.device), cache)
+        for b, n in enumerate(lengths):
+            cache.advance(b, n)
+
+    def _verify_forward(self, trees: list[TokenTree], cache) -> torch.Tensor:
+        """One target pass over every row's tree: logits [batch, width, vocab]."""
+        width = max(len(t) for t in trees)
+        tokens = torch.zeros(len(trees), width, dtype=torch.long)
+        for b, tree in enumerate(trees):
+            tokens[b, : len(tree)] = torch.tensor(tree.tokens)
+        pos = positions(trees, cache.lengths, width)
+        mask = attention_mask(trees, cache.lengths, width)
+        dev = self.device
+        return self.model(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), cache)
+
+    def _accept(self, trees: list[TokenTree], logits: torch.Tensor, rows: list[Row],
+                sampling: SamplingConfig) -> list[Verdict]:
+        if sampling.greedy:
+            target_next = logits.argmax(-1).tolist()  # host sync: the loop needs the tokens
+            return [accept_greedy(tree, nxt) for tree, nxt in zip(trees, target_next)]
+        return [accept_sampled(tree, logits[b], sampling, row.generator)
+                for b, (tree, row) in enumerate(zip(trees, rows))]
+
+    def _append(self, row: Row, new: list[int], gen: GenerationConfig) -> list[int]:
+        """Add committed tokens to ``row`` and apply EOS, stop strings and the length budget."""
+        new = new[: row.budget]
+        if not gen.ignore_eos:
+            for i, tok in enumerate(new):
+                if tok in self.tokenizer.eos_ids:
+                    new = new[: i + 1]
+                    row.done, row.finish_reason = True, "eos"
+                    break
+        row.tokens.extend(new)
+        row.budget -= len(new)
+        row.stats.new_tokens += len(new)
+        if gen.stop and not row.done:
+            text = self.tokenizer.decode(row.new_ids)
+            if any(s in text for s in gen.stop):
+                row.done, row.finish_reason = True, "stop"
+        if row.budget <= 0:
+            row.done = True
+        return new
+
+    # ---- edges ------------------------------------------------------------------------------
+    def _config(self, method, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos):
+        if method not in METHODS:
+            raise ParadecError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
+        return GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method)
+
+    def _encode(self, prompt: str | list[int], chat: bool) -> list[int]:
+        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt, chat)
+        if not ids:
+            raise ParadecError("the prompt is empty after tokenization; pass some text")
+        limit = self.model.config.context_length
+        if len(ids) >= limit:
+            raise ParadecError(f"the prompt has {len(ids)} tokens but the model's context is {limit}; "
+                               "shorten the prompt")
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ParadecError(f"prompt token ids must be in [0, {vocab})")
+        return ids
+
+    def _rows(self, ids: list[list[int]], gen: GenerationConfig) -> list[Row]:
+        rows = []
+        limit = self.model.config.context_length
+        for prompt in ids:
+            g = None
+            if not gen.sampling.greedy:
+                g = torch.Generator(device=self.device)
+                g.manual_seed(gen.sampling.seed if gen.sampling.seed is not None else
+                              int(torch.randint(0, 2**62, ()).item()))
+            budget = min(gen.max_new_tokens, limit - len(prompt))
+            rows.append(Row(list(prompt), len(prompt), g, Stats(gen.method), budget=budget))
+        return rows
+
+    def _visible_text(self, row: Row, gen: GenerationConfig) -> str:
+        text = self.tokenizer.decode(row.new_ids)
+        if row.finish_reason == "stop":
+            cut = min((text.find(s) for s in gen.stop if s in text), default=len(text))
+            text = text[:cut]
+        return text
+
+    def _finish(self, row: Row, gen: GenerationConfig) -> Generation:
+        return Generation(self._visible_text(row, gen), row.new_ids, row.finish_reason, row.stats)
+
+
+def _as_batch(prompts) -> tuple[bool, list]:
+    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return True, [prompts]
+    if not isinstance(prompts, list) or not prompts:
+        raise ParadecError("prompts must be a string, a list of token ids, or a non-empty list of those")
+    return False, list(prompts)
+
+
+def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str = "cpu") -> Engine:
+    """Load a local Hugging Face-format Llama/Qwen2/Mistral directory into an ``Engine``.
+
+    Example: ``paradec.load("zoo/target").generate("import os", max_new_tokens=16)``.
+    """
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ParadecError(f"unknown dtype {dtype!r}; use bf16 or fp32")
+        dtype = DTYPES[dtype]
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ParadecError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise ParadecError(f"unknown device {device!r}; use cpu or cuda")
+    model_dir = Path(model_dir)
+    model = load_model(model_dir, dtype, device)
+    return Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)

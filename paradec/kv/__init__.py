@@ -1,0 +1,3 @@
+from paradec.kv.cache import KVCache
+
+__all__ = ["KVCache"]

@@ -1,0 +1,84 @@
+"""The preallocated key/value cache: the only code that decides which positions are real.
+
+Layout per layer: keys and values ``[batch, kv_heads, max_len, head_dim]``. Row ``b`` has
+``lengths[b]`` committed slots ``[0, lengths[b])``. A forward pass writes the K/V of its new
+tokens (a token tree) into the scratch slots right after the committed prefix,
+``[lengths[b], lengths[b] + n)``, without committing them; the engine then calls ``commit``
+with the tree nodes it accepted, which moves their rows onto the end of the prefix.
+
+Example: lengths=[5]; a 4-node tree is written to slots 5..8; ``commit(0, [0, 2])`` copies
+slot 7 to slot 6 and sets lengths=[7]. Slots past ``lengths`` are garbage and never attended:
+the attention mask of every pass allows only ``[0, lengths[b])`` plus the new tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        shape = (num_layers, batch, kv_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, batch, kv_heads, max_len, head_dim]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # same
+        self.max_len = max_len
+        # Committed length per row, kept on the host: every step needs it to build positions and
+        # masks, and a device tensor would cost a sync per step.
+        self.lengths: list[int] = [0] * batch
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    def span(self, n_new: int) -> int:
+        """Number of key slots a pass with ``n_new`` tokens per row attends over."""
+        return max(self.lengths) + n_new
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new rows k, v [batch, kv_heads, n, head_dim] after each row's prefix.
+
+        Returns the keys/values to attend over, [batch, kv_heads, span(n), head_dim]. Which of
+        those slots a query may see is the mask's business (``paradec.tree.attention_mask``).
+        """
+        n = k.shape[2]
+        end = self.span(n)
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
+        ks, vs = self.keys[layer], self.values[layer]
+        first = self.lengths[0]
+        if all(length == first for length in self.lengths):
+            ks[:, :, first:first + n] = k
+            vs[:, :, first:first + n] = v
+        else:
+            for b, start in enumerate(self.lengths):
+                ks[b, :, start:start + n] = k[b]
+                vs[b, :, start:start + n] = v[b]
+        return ks[:, :, :end], vs[:, :, :end]
+
+    def commit(self, row: int, nodes: list[int]) -> None:
+        """Keep the scratch rows ``nodes`` (tree indices, root-to-leaf order) of ``row``.
+
+        Their K/V move to consecutive slots after the prefix and the prefix grows by
+        ``len(nodes)``. A leading run 0, 1, 2, ... is already in place and is not copied.
+        """
+        start = self.lengths[row]
+        if start + len(nodes) > self.max_len:
+            raise RuntimeError("KV cache overflow on commit")
+        moved = [(i, node) for i, node in enumerate(nodes) if node != i]
+        if moved:
+            dst = torch.tensor([start + i for i, _ in moved], device=self.keys.device)
+            src = torch.tensor([start + node for _, node in moved], device=self.keys.device)
+            for store in (self.keys, self.values):
+                store[:, row, :, dst] = store[:, row, :, src]
+        self.lengths[row] = start + len(nodes)
+
+    def advance(self, row: int, n: int) -> None:
+        """Commit the first ``n`` scratch rows as they are (a chain, or a prefill)."""
+        self.commit(row, list(range(n)))
+
+    def truncate(self, row: int, length: int) -> None:
+        """Forget everything after the first ``length`` committed slots of ``row``."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"cannot truncate row {row} of length {self.lengths[row]} to {length}")
+        self.lengths[row] = length

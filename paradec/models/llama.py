@@ -1,0 +1,165 @@
+"""The Llama-family decoder (Llama, Qwen2, Mistral): one small file, no speculation inside.
+
+The model is a pure function of (tokens, positions, mask, cache): it writes the new tokens'
+K/V into the cache's scratch slots but never commits them, never samples, and has no modes.
+``hidden`` can run a range of layers, so a caller can stop after layer m, drop rows, and
+continue (ProPD's early pruning).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paradec.config import ModelConfig
+from paradec.kv import KVCache
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """[head_dim // 2] inverse frequencies, with linear or llama3 scaling when configured."""
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    rs = dict(cfg.rope_scaling or ())
+    if rs.get("rope_type") == "linear":
+        inv = inv / float(rs["factor"])
+    elif rs.get("rope_type") == "llama3":
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return inv.float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    """Normalizes in fp32, casts back, then scales (the order transformers uses)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return self.weight * y
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.wqkv = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+        # x: [batch, n, hidden]; cos/sin: [batch, 1, n, head_dim]; mask: [batch, 1, n, span] bool
+        b, n, _ = x.shape
+        q, k, v = self.wqkv(x).split(
+            [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], -1)
+        q = q.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # [batch, heads, n, head_dim]
+        k = k.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)  # [batch, kv_heads, n, head_dim]
+        v = v.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is None:  # training / plain causal pass over the whole sequence
+            causal = mask is None
+        else:
+            k, v = cache.write(self.layer, k, v)  # [batch, kv_heads, span, head_dim]
+            causal = False
+        gqa = self.n_kv != self.n_heads
+        if gqa and x.device.type == "cpu" and mask is not None:
+            # the CPU kernel's enable_gqa path does not take every mask layout; expand instead
+            rep = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            gqa = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+        return self.wo(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).split(self.inter, -1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, cache):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """A decoder-only LM.
+
+    forward(tokens [batch, n], positions [batch, n], mask [batch, 1, n, span] | None, cache)
+      -> logits [batch, n, vocab]
+    With ``cache=None`` it is a plain causal pass (training, scoring).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [batch, n] -> cos, sin [batch, 1, n, head_dim]."""
+        angles = positions[..., None].float() * self.inv_freq  # [batch, n, head_dim // 2]
+        angles = torch.cat((angles, angles), -1)[:, None]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def hidden(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+               cache: KVCache | None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Run layers [start, stop) on x: token ids [batch, n] when start == 0, else hidden
+        states [batch, n, hidden]. Returns hidden states [batch, n, hidden] (not normed)."""
+        if start == 0:
+            x = self.embed(x)
+        cos, sin = self.rope(positions, x.dtype)
+        for block in self.layers[start:stop]:
+            x = block(x, cos, sin, mask, cache)
+        return x
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: [..., hidden] -> [..., vocab]."""
+        return self.lm_head(self.norm(h))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        if positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        return self.logits(self.hidden(tokens, positions, mask, cache))
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        p = self.embed.weight
+        cfg = self.config
+        return KVCache(cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, max_len, p.dtype, p.device)

@@ -1,0 +1,74 @@
+"""Tree attention: one pass over a tree equals running every root-to-node path on its own."""
+
+from __future__ import annotations
+
+import torch
+
+import paradec
+from paradec.tree import TokenTree, attention_mask, positions
+
+# r -> 1 -> 3 -> 6 ; r -> 1 -> 4 ; r -> 2 -> 5 ; r -> 2 -> 7 -> 8
+TREE = TokenTree((10, 11, 12, 13, 14, 15, 16, 17, 18), (-1, 0, 0, 1, 1, 2, 3, 2, 7))
+
+
+def test_derivations():
+    assert TREE.depths == [0, 1, 1, 2, 2, 2, 3, 2, 3]
+    assert TREE.leaf_paths() == [[0, 1, 4], [0, 2, 5], [0, 1, 3, 6], [0, 2, 7, 8]]
+    anc = TREE.ancestor_mask()
+    assert anc[6].nonzero().flatten().tolist() == [0, 1, 3, 6]
+    assert anc.sum(1).tolist() == [d + 1 for d in TREE.depths]  # row sum = depth + 1
+    mask = attention_mask([TREE, TokenTree.root_only(1)], [4, 2], len(TREE))
+    assert mask.shape == (2, 1, 9, 13)
+    assert mask[0, 0, 6].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5, 7, 10]
+    assert mask[1, 0, 0].nonzero().flatten().tolist() == [0, 1, 2]  # prefix + itself
+    assert mask[1, 0, 3].nonzero().flatten().tolist() == [5]  # padding sees only itself
+    assert positions([TREE], [4], 9)[0].tolist() == [4, 5, 5, 6, 6, 6, 7, 6, 7]
+
+
+def _prefill(engine, prompt):
+    cache = engine.model.new_cache(1, 64)
+    engine._prefill([paradec.engine.Row(list(prompt), len(prompt), None, None)], cache)
+    return cache
+
+
+def test_tree_logits_equal_path_logits(checkpoints):
+    engine = paradec.load(checkpoints["llama-gqa-tied"], dtype="fp32")
+    prompt = [5, 60, 7, 200, 31, 10]  # the last token is the root
+    with torch.inference_mode():
+        cache = _prefill(engine, prompt)
+        tree_logits = engine._verify_forward([TREE], cache)[0]  # [nodes, vocab]
+        for path in TREE.leaf_paths():
+            seq = torch.tensor([prompt[:-1] + [TREE.tokens[i] for i in path]])
+            ref = engine.model(seq)[0, len(prompt) - 1:]
+            assert (ref - tree_logits[path]).abs().max() <= 1e-4
+
+
+def test_commit_path_then_step_equals_fresh_prefill(checkpoints):
+    engine = paradec.load(checkpoints["qwen2"], dtype="fp32")
+    prompt = [5, 60, 7, 200, 31, 10]
+    path = [0, 2, 7, 8]
+    with torch.inference_mode():
+        cache = _prefill(engine, prompt)
+        engine._verify_forward([TREE], cache)
+        cache.commit(0, path[:-1])  # keep root, 2, 7; node 8 becomes the new root
+        root = TREE.tokens[path[-1]]
+        after = engine._verify_forward([TokenTree.root_only(root)], cache)[0, 0]
+        seq = prompt[:-1] + [TREE.tokens[i] for i in path]
+        fresh = engine.model(torch.tensor([seq]))[0, -1]
+    assert cache.lengths == [len(seq) - 1]
+    assert (after - fresh).abs().max() <= 1e-4
+
+
+def test_batched_trees_do_not_see_each_other(checkpoints):
+    engine = paradec.load(checkpoints["llama"], dtype="fp32")
+    prompts = [[5, 60, 7, 200, 31, 10], [9, 8]]
+    trees = [TREE, TokenTree.chain(8, [3, 4])]
+    with torch.inference_mode():
+        cache = engine.model.new_cache(2, 64)
+        rows = [paradec.engine.Row(list(p), len(p), None, None) for p in prompts]
+        engine._prefill(rows, cache)
+        both = engine._verify_forward(trees, cache)
+        for b, (p, t) in enumerate(zip(prompts, trees)):
+            solo_cache = _prefill(engine, p)
+            solo = engine._verify_forward([t], solo_cache)[0]
+            assert (both[b, : len(t)] - solo).abs().max() <= 1e-4
