@@ -44,7 +44,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object (last stdout line)")
     g.add_argument("prompt")
+
+    t = sub.add_parser("train", help="training recipes for the zoo (resumable)")
+    tsub = t.add_subparsers(dest="what", required=True, parser_class=_Parser)
+    tt = tsub.add_parser("tokenizer", help="byte-level BPE on the stdlib source")
+    tt.add_argument("--out", required=True)
+    tt.add_argument("--vocab-size", type=int, default=8192)
+    tg = tsub.add_parser("target", help="the zoo's ~23M Llama code model on the stdlib source")
+    tg.add_argument("--tokenizer", required=True, help="directory written by `paradec train tokenizer`")
+    tg.add_argument("--out", required=True, help="where the HF checkpoint is exported")
+    tg.add_argument("--run-dir", default="runs/zoo", help="resumable state, logs, token cache")
+    _add_train_schedule(tg, max_steps=1600)
     return parser
+
+
+def _add_train_schedule(p: argparse.ArgumentParser, max_steps: int) -> None:
+    p.add_argument("--max-steps", type=int, default=max_steps)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
+    p.add_argument("--seed", type=int, default=0)
 
 
 def resolve_model(path: str | None) -> str:
@@ -71,7 +91,35 @@ def cmd_generate(args: argparse.Namespace) -> None:
     sys.stdout.write("\n")
 
 
-COMMANDS = {"generate": cmd_generate}
+def _train_config(args: argparse.Namespace):
+    from paradec.train.lm import TrainConfig
+
+    for name in ("max_steps", "batch_size", "seq_len"):
+        if getattr(args, name) < 1:
+            raise ParadecError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lr <= 0:
+        raise ParadecError("--lr must be > 0")
+    return TrainConfig(seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
+                       max_steps=args.max_steps, minutes=args.minutes, seed=args.seed,
+                       warmup_steps=min(100, args.max_steps // 10 + 1))
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    if args.what == "tokenizer":
+        from paradec.train.tokenizer import train_tokenizer
+
+        if not 300 <= args.vocab_size <= 65535:
+            raise ParadecError("--vocab-size must be in [300, 65535] (tokens are stored as uint16)")
+        tok = train_tokenizer(args.out, args.vocab_size)
+        print(json.dumps({"out": args.out, "vocab_size": len(tok)}))
+    elif args.what == "target":
+        from paradec.train.recipes import train_target
+
+        summary = train_target(args.tokenizer, args.out, args.run_dir, _train_config(args))
+        print(json.dumps(summary))
+
+
+COMMANDS = {"generate": cmd_generate, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,6 +156,29 @@ class SamplingConfig:
         return self.temperature == 0
 
 
+ACCEPTORS = ("mss", "naive")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Token-tree drafting and verification (SpecInfer, prompt lookup)."""
+
+    expansion: tuple[int, ...] = (1, 1, 3, 1, 1, 1, 1, 1)  # SSM children per level
+    with_ngram: bool = False  # merge prompt lookup into the SSM tree
+    max_ngram: int = 3  # longest suffix prompt lookup matches
+    num_draft: int = 8  # prompt-lookup tokens per branch
+    ngram_branches: int = 1  # distinct prompt-lookup continuations
+    acceptor: str = "mss"  # sampling acceptance: "mss" or "naive" (greedy is always exact match)
+
+    def __post_init__(self) -> None:
+        if not self.expansion or any(k < 1 for k in self.expansion):
+            raise ParadecError(f"expansion must be a non-empty list of integers >= 1, got {self.expansion}")
+        if self.max_ngram < 1 or self.num_draft < 1 or self.ngram_branches < 1:
+            raise ParadecError("ngram, num_draft and ngram_branches must be >= 1")
+        if self.acceptor not in ACCEPTORS:
+            raise ParadecError(f"unknown acceptor {self.acceptor!r}; choose one of {', '.join(ACCEPTORS)}")
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """One ``generate`` call: length, stopping, sampling, and the decoding method."""
@@ -165,6 +188,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     method: str = "ar"
+    spec: SpecConfig = field(default_factory=SpecConfig)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -17,13 +17,14 @@ from typing import Iterator
 
 import torch
 
-from paradec.config import GenerationConfig, SamplingConfig
+from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
+from paradec.draft import ModelDrafter, NgramDrafter, Proposal, TreeDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
-from paradec.tree import TokenTree, attention_mask, positions
-from paradec.verify import Verdict, accept_greedy, accept_sampled
+from paradec.tree import ScratchTree, pass_tensors
+from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
 
-METHODS = ("ar",)
+METHODS = ("ar", "specinfer", "pld")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
@@ -37,6 +38,19 @@ class Stats:
     steps: int = 0  # target forward passes after prefill
     prefill_s: float = 0.0
     wall_s: float = 0.0  # prefill included
+    offered: list[int] = field(default_factory=list)  # [depth-1] steps whose tree reached depth d
+    reached: list[int] = field(default_factory=list)  # [depth-1] steps that accepted a token at depth d
+
+    def record(self, tree_depth: int, accepted: int) -> None:
+        for counts, n in ((self.offered, tree_depth), (self.reached, accepted)):
+            counts.extend([0] * (n - len(counts)))
+            for d in range(n):
+                counts[d] += 1
+
+    @property
+    def accept_per_depth(self) -> list[float]:
+        """[depth-1] P(a token is accepted at depth d | the tree offered depth d)."""
+        return [r / o for r, o in zip(self.reached + [0] * len(self.offered), self.offered) if o]
 
     @property
     def tau(self) -> float:
@@ -49,7 +63,8 @@ class Stats:
     def as_dict(self) -> dict:
         return {"method": self.method, "new_tokens": self.new_tokens, "steps": self.steps,
                 "tau": round(self.tau, 4), "prefill_s": round(self.prefill_s, 5),
-                "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3)}
+                "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3),
+                "accept_per_depth": [round(a, 4) for a in self.accept_per_depth]}
 
 
 @dataclass
@@ -126,43 +141,57 @@ def load_tokenizer(model_dir: Path, config_eos: tuple[int, ...]) -> Tokenizer:
 
 
 class Engine:
-    """A loaded target model + tokenizer; ``generate`` and ``stream`` run any method on it."""
+    """A loaded target model + tokenizer (+ draft models); ``generate`` and ``stream`` run any
+    method on it. Options (keyword arguments of both):
+
+    method: "ar" | "specinfer" (draft models, optionally + prompt lookup) | "pld" (prompt lookup)
+    max_new_tokens, temperature (0 = greedy), top_k, top_p, seed, stop, ignore_eos, chat
+    expansion (SSM children per level), with_ngram, max_ngram, num_draft, ngram_branches,
+    acceptor ("mss" | "naive", sampling only)
+    """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, model_dir: Path | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.device = model.embed.weight.device
+        self.drafts: list[Transformer] = []
+
+    def load_drafts(self, paths: list[str | Path]) -> None:
+        """Load SSMs for ``specinfer``; each must share the target's tokenizer."""
+        target_vocab = self.tokenizer.hf.get_vocab()
+        dtype = self.model.embed.weight.dtype
+        for path in paths:
+            draft = load_model(path, dtype, self.device)
+            if draft.config.vocab_size != self.model.config.vocab_size:
+                raise ParadecError(f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "
+                                   f"{self.model.config.vocab_size}; a draft must share the target's tokenizer")
+            if (Path(path) / "tokenizer.json").is_file():
+                if load_tokenizer(Path(path), ()).hf.get_vocab() != target_vocab:
+                    raise ParadecError(f"draft {path} has a different tokenizer from the target; "
+                                       "a draft must share the target's tokenizer")
+            self.drafts.append(draft)
 
     # ---- public API -------------------------------------------------------------------------
-    def generate(self, prompts: str | list[int] | list[str] | list[list[int]], *, method: str = "ar",
-                 max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
-                 ignore_eos: bool = False, chat: bool = False) -> Generation | list[Generation]:
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]], *, chat: bool = False,
+                 **options) -> Generation | list[Generation]:
         """Decode one prompt (str or token ids) or a batch (a list of them).
 
         Returns one ``Generation`` per prompt, in order (a bare one for a single prompt).
         Example: ``engine.generate("def add(a, b):", max_new_tokens=32).text``.
         """
         single, batch = _as_batch(prompts)
-        gen = self._config(method, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos)
-        ids = [self._encode(p, chat) for p in batch]
-        rows = self._rows(ids, gen)
+        gen = self.config(**options)
+        rows = self._rows([self._encode(p, chat) for p in batch], gen)
         for _ in self._decode(rows, gen):
             pass
         out = [self._finish(row, gen) for row in rows]
         return out[0] if single else out
 
-    def stream(self, prompt: str | list[int], **kwargs) -> Iterator[str]:
-        """Yield the text of one prompt piece by piece as it is committed (same kwargs as
+    def stream(self, prompt: str | list[int], *, chat: bool = False, **options) -> Iterator[str]:
+        """Yield the text of one prompt piece by piece as it is committed (same options as
         ``generate``). The pieces concatenate to ``generate(prompt, ...).text``."""
-        chat = kwargs.pop("chat", False)
-        gen = self._config(kwargs.pop("method", "ar"), kwargs.pop("max_new_tokens", 128),
-                           kwargs.pop("temperature", 0.0), kwargs.pop("top_k", 0),
-                           kwargs.pop("top_p", 1.0), kwargs.pop("seed", None),
-                           kwargs.pop("stop", None), kwargs.pop("ignore_eos", False))
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        gen = self.config(**options)
         rows = self._rows([self._encode(prompt, chat)], gen)
         hold = max((len(s) for s in gen.stop), default=1) - 1  # a stop string may be mid-way
         sent = 0
@@ -178,26 +207,63 @@ class Engine:
         if len(text) > sent:
             yield text[sent:]
 
+    def config(self, method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
+               ignore_eos: bool = False, **spec) -> GenerationConfig:
+        """The frozen ``GenerationConfig`` for these options (validated)."""
+        if method not in METHODS:
+            raise ParadecError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        if method == "specinfer" and not self.drafts:
+            raise ParadecError("method specinfer needs draft models; pass --draft PATH (or drafts=[...])")
+        if "expansion" in spec:
+            spec["expansion"] = tuple(int(k) for k in spec["expansion"])
+        try:
+            spec_cfg = SpecConfig(**spec)
+        except TypeError as exc:
+            raise TypeError(f"unexpected option: {exc}") from None
+        sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
+        return GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
+
     # ---- the loop ---------------------------------------------------------------------------
+    def _drafter(self, gen: GenerationConfig) -> TreeDrafter | None:
+        spec = gen.spec
+        ngram = NgramDrafter(spec.max_ngram, spec.num_draft, spec.ngram_branches)
+        if gen.method == "pld":
+            return TreeDrafter([], ngram)
+        if gen.method == "specinfer":
+            models = [ModelDrafter(m, spec.expansion, gen.sampling) for m in self.drafts]
+            return TreeDrafter(models, ngram if spec.with_ngram else None)
+        return None
+
     def _decode(self, rows: list[Row], gen: GenerationConfig) -> Iterator[StepEvent]:
         start = time.perf_counter()
-        cache = self.model.new_cache(len(rows), max(len(r.tokens) for r in rows) + gen.max_new_tokens + 1)
+        drafter = self._drafter(gen)
+        max_len = max(len(r.tokens) for r in rows) + gen.max_new_tokens + 1
+        cache = self.model.new_cache(len(rows), max_len + (drafter.max_nodes if drafter else 0))
         with torch.inference_mode():
             self._prefill(rows, cache)
+            if drafter:
+                drafter.begin([r.tokens for r in rows], max_len)
             prefill_s = time.perf_counter() - start
             for row in rows:
                 row.stats.prefill_s = prefill_s
             while not all(row.done for row in rows):
-                trees = [TokenTree.root_only(row.tokens[-1]) for row in rows]
-                logits = self._verify_forward(trees, cache)
-                verdicts = self._accept(trees, logits, rows, gen.sampling)
-                for b, (row, tree, verdict) in enumerate(zip(rows, trees, verdicts)):
+                if drafter:
+                    proposals = drafter.propose([r.tokens for r in rows], [r.generator for r in rows])
+                else:
+                    proposals = [Proposal.root_only(row.tokens[-1]) for row in rows]
+                logits = self._verify_forward([p.tree for p in proposals], cache)
+                verdicts = self._accept(proposals, logits, rows, gen)
+                for b, (row, prop, verdict) in enumerate(zip(rows, proposals, verdicts)):
                     if row.done:
                         continue
-                    cache.commit(b, verdict.nodes)
-                    new = [tree.tokens[n] for n in verdict.nodes[1:]] + [verdict.bonus]
-                    committed = self._append(row, new, gen)
+                    accepted = [prop.tree.tokens[n] for n in verdict.nodes[1:]]
+                    committed = self._append(row, accepted + [verdict.bonus], gen)
+                    cache.commit(b, verdict.nodes[: len(committed)])  # EOS / budget may cut the path
+                    if drafter:
+                        drafter.commit(b, accepted, verdict.bonus)
                     row.stats.steps += 1
+                    row.stats.record(max(prop.tree.depths), len(accepted))
                     if row.done:
                         row.stats.wall_s = time.perf_counter() - start
                     yield StepEvent(b, committed)
@@ -218,24 +284,23 @@ class Engine:
         for b, n in enumerate(lengths):
             cache.advance(b, n)
 
-    def _verify_forward(self, trees: list[TokenTree], cache) -> torch.Tensor:
+    def _verify_forward(self, trees, cache) -> torch.Tensor:
         """One target pass over every row's tree: logits [batch, width, vocab]."""
         width = max(len(t) for t in trees)
-        tokens = torch.zeros(len(trees), width, dtype=torch.long)
-        for b, tree in enumerate(trees):
-            tokens[b, : len(tree)] = torch.tensor(tree.tokens)
-        pos = positions(trees, cache.lengths, width)
-        mask = attention_mask(trees, cache.lengths, width)
+        rows = [ScratchTree.from_tree(t, width) for t in trees]
+        tokens, pos, mask = pass_tensors(rows, 0, width, cache.lengths)
         dev = self.device
         return self.model(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), cache)
 
-    def _accept(self, trees: list[TokenTree], logits: torch.Tensor, rows: list[Row],
-                sampling: SamplingConfig) -> list[Verdict]:
-        if sampling.greedy:
+    def _accept(self, proposals: list[Proposal], logits: torch.Tensor, rows: list[Row],
+                gen: GenerationConfig) -> list[Verdict]:
+        if gen.sampling.greedy:
             target_next = logits.argmax(-1).tolist()  # host sync: the loop needs the tokens
-            return [accept_greedy(tree, nxt) for tree, nxt in zip(trees, target_next)]
-        return [accept_sampled(tree, logits[b], sampling, row.generator)
-                for b, (tree, row) in enumerate(zip(trees, rows))]
+            return [accept_greedy(p.tree, nxt) for p, nxt in zip(proposals, target_next)]
+        rule = accept_mss if gen.spec.acceptor == "mss" else accept_naive
+        logits = logits.float()
+        return [rule(p, logits[b, : len(p.tree)], gen.sampling, row.generator)
+                for b, (p, row) in enumerate(zip(proposals, rows))]
 
     def _append(self, row: Row, new: list[int], gen: GenerationConfig) -> list[int]:
         """Add committed tokens to ``row`` and apply EOS, stop strings and the length budget."""
@@ -258,12 +323,6 @@ class Engine:
         return new
 
     # ---- edges ------------------------------------------------------------------------------
-    def _config(self, method, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos):
-        if method not in METHODS:
-            raise ParadecError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
-        return GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method)
-
     def _encode(self, prompt: str | list[int], chat: bool) -> list[int]:
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt, chat)
         if not ids:
@@ -309,8 +368,10 @@ def _as_batch(prompts) -> tuple[bool, list]:
     return False, list(prompts)
 
 
-def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str = "cpu") -> Engine:
-    """Load a local Hugging Face-format Llama/Qwen2/Mistral directory into an ``Engine``.
+def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str = "cpu",
+         drafts: list[str | Path] = ()) -> Engine:
+    """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
+    ``specinfer``) into an ``Engine``.
 
     Example: ``paradec.load("zoo/target").generate("import os", max_new_tokens=16)``.
     """
@@ -324,4 +385,6 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
         raise ParadecError(f"unknown device {device!r}; use cpu or cuda")
     model_dir = Path(model_dir)
     model = load_model(model_dir, dtype, device)
-    return Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
+    engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
+    engine.load_drafts(list(drafts))
+    return engine

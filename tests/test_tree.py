@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import paradec
-from paradec.tree import TokenTree, attention_mask, positions
+from paradec.tree import ScratchTree, TokenTree, pass_tensors
 
 # r -> 1 -> 3 -> 6 ; r -> 1 -> 4 ; r -> 2 -> 5 ; r -> 2 -> 7 -> 8
 TREE = TokenTree((10, 11, 12, 13, 14, 15, 16, 17, 18), (-1, 0, 0, 1, 1, 2, 3, 2, 7))
@@ -17,12 +17,18 @@ def test_derivations():
     anc = TREE.ancestor_mask()
     assert anc[6].nonzero().flatten().tolist() == [0, 1, 3, 6]
     assert anc.sum(1).tolist() == [d + 1 for d in TREE.depths]  # row sum = depth + 1
-    mask = attention_mask([TREE, TokenTree.root_only(1)], [4, 2], len(TREE))
-    assert mask.shape == (2, 1, 9, 13)
+    rows = [ScratchTree.from_tree(TREE, 9), ScratchTree.from_tree(TokenTree.root_only(1), 9)]
+    tokens, pos, mask = pass_tensors(rows, 0, 9, [4, 2])
+    assert mask.shape == (2, 1, 9, 13) and tokens[1].tolist() == [1] * 9
     assert mask[0, 0, 6].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5, 7, 10]
     assert mask[1, 0, 0].nonzero().flatten().tolist() == [0, 1, 2]  # prefix + itself
-    assert mask[1, 0, 3].nonzero().flatten().tolist() == [5]  # padding sees only itself
-    assert positions([TREE], [4], 9)[0].tolist() == [4, 5, 5, 6, 6, 6, 7, 6, 7]
+    assert mask[1, 0, 3].nonzero().flatten().tolist() == [0, 1, 5]  # padding: prefix + itself
+    assert pos[0].tolist() == [4, 5, 5, 6, 6, 6, 7, 6, 7] and pos[1].tolist() == [2] * 9
+    # a later pass over nodes [3, 6) sees the earlier scratch nodes that are its ancestors
+    _, pos, mask = pass_tensors(rows[:1], 3, 3, [4])
+    assert mask.shape == (1, 1, 3, 10)
+    assert mask[0, 0, 0].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5, 7]  # node 3
+    assert pos[0].tolist() == [6, 6, 6]
 
 
 def _prefill(engine, prompt):

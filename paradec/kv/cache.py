@@ -1,10 +1,12 @@
 """The preallocated key/value cache: the only code that decides which positions are real.
 
 Layout per layer: keys and values ``[batch, kv_heads, max_len, head_dim]``. Row ``b`` has
-``lengths[b]`` committed slots ``[0, lengths[b])``. A forward pass writes the K/V of its new
-tokens (a token tree) into the scratch slots right after the committed prefix,
-``[lengths[b], lengths[b] + n)``, without committing them; the engine then calls ``commit``
-with the tree nodes it accepted, which moves their rows onto the end of the prefix.
+``lengths[b]`` committed slots ``[0, lengths[b])`` followed by ``scratch[b]`` uncommitted
+ones. A forward pass writes the K/V of its n new tokens (tree nodes) after those,
+``[lengths[b] + scratch[b], ... + n)``. The caller then either commits the accepted nodes (by
+their scratch index: scratch slot j is ``lengths[b] + j``), which moves their rows onto the end of
+the prefix and clears the scratch, or calls ``keep_scratch(n)`` so the next pass (a drafter
+growing its tree level by level) sees them.
 
 Example: lengths=[5]; a 4-node tree is written to slots 5..8; ``commit(0, [0, 2])`` copies
 slot 7 to slot 6 and sets lengths=[7]. Slots past ``lengths`` are garbage and never attended:
@@ -26,14 +28,19 @@ class KVCache:
         # Committed length per row, kept on the host: every step needs it to build positions and
         # masks, and a device tensor would cost a sync per step.
         self.lengths: list[int] = [0] * batch
+        self.scratch: list[int] = [0] * batch  # uncommitted rows already written, per row
 
     @property
     def batch(self) -> int:
         return len(self.lengths)
 
+    def starts(self) -> list[int]:
+        """Where the next pass writes, per row: committed length + scratch rows."""
+        return [length + s for length, s in zip(self.lengths, self.scratch)]
+
     def span(self, n_new: int) -> int:
         """Number of key slots a pass with ``n_new`` tokens per row attends over."""
-        return max(self.lengths) + n_new
+        return max(self.starts()) + n_new
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new rows k, v [batch, kv_heads, n, head_dim] after each row's prefix.
@@ -46,21 +53,27 @@ class KVCache:
         if end > self.max_len:
             raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
         ks, vs = self.keys[layer], self.values[layer]
-        first = self.lengths[0]
-        if all(length == first for length in self.lengths):
+        starts = self.starts()
+        first = starts[0]
+        if all(start == first for start in starts):
             ks[:, :, first:first + n] = k
             vs[:, :, first:first + n] = v
         else:
-            for b, start in enumerate(self.lengths):
+            for b, start in enumerate(starts):
                 ks[b, :, start:start + n] = k[b]
                 vs[b, :, start:start + n] = v[b]
         return ks[:, :, :end], vs[:, :, :end]
 
-    def commit(self, row: int, nodes: list[int]) -> None:
-        """Keep the scratch rows ``nodes`` (tree indices, root-to-leaf order) of ``row``.
+    def keep_scratch(self, n: int) -> None:
+        """The n rows each row just wrote stay visible (uncommitted) to the next pass."""
+        self.scratch = [s + n for s in self.scratch]
 
-        Their K/V move to consecutive slots after the prefix and the prefix grows by
-        ``len(nodes)``. A leading run 0, 1, 2, ... is already in place and is not copied.
+    def commit(self, row: int, nodes: list[int]) -> None:
+        """Keep the scratch rows ``nodes`` (scratch indices, root-to-leaf order) of ``row``.
+
+        Their K/V move to consecutive slots after the prefix, the prefix grows by
+        ``len(nodes)`` and the rest of the scratch is dropped. A leading run 0, 1, 2, ... is
+        already in place and is not copied.
         """
         start = self.lengths[row]
         if start + len(nodes) > self.max_len:
@@ -72,6 +85,11 @@ class KVCache:
             for store in (self.keys, self.values):
                 store[:, row, :, dst] = store[:, row, :, src]
         self.lengths[row] = start + len(nodes)
+        self.scratch[row] = 0
+
+    def drop_scratch(self, row: int) -> None:
+        """Forget the uncommitted rows of ``row``."""
+        self.scratch[row] = 0
 
     def advance(self, row: int, n: int) -> None:
         """Commit the first ``n`` scratch rows as they are (a chain, or a prefill)."""
@@ -82,3 +100,4 @@ class KVCache:
         if not 0 <= length <= self.lengths[row]:
             raise ValueError(f"cannot truncate row {row} of length {self.lengths[row]} to {length}")
         self.lengths[row] = length
+        self.scratch[row] = 0

@@ -1,5 +1,5 @@
 """Token trees: tokens + parents, and everything derived from them by pure functions."""
 
-from paradec.tree.tree import TokenTree, attention_mask, positions
+from paradec.tree.tree import ScratchTree, TokenTree, pass_tensors
 
-__all__ = ["TokenTree", "attention_mask", "positions"]
+__all__ = ["ScratchTree", "TokenTree", "pass_tensors"]

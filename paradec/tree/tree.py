@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -65,43 +66,85 @@ class TokenTree:
         kids = self.children()
         return [self.path_to(i) for i in range(len(self)) if not kids[i]]
 
+    def ancestor_bits(self) -> list[int]:
+        """[nodes] bitsets: bit j of entry i is set iff j is i or an ancestor of i."""
+        return _ancestor_bits(self.parents)
+
     def ancestor_mask(self) -> torch.Tensor:
         """[nodes, nodes] bool: row i is True at i and at every ancestor of i."""
-        n = len(self)
-        rows = [0] * n  # bitsets: a row is its parent's row plus itself
-        for i in range(n):
-            rows[i] = (rows[self.parents[i]] if i else 0) | (1 << i)
-        bits = torch.tensor([[(r >> j) & 1 for j in range(n)] for r in rows], dtype=torch.bool)
-        return bits
+        return torch.from_numpy(bits_to_bool(self.ancestor_bits(), len(self)))
 
 
-def positions(trees: list[TokenTree], lengths: list[int], width: int) -> torch.Tensor:
-    """[batch, width] position ids: committed length + depth; padding nodes reuse the root's."""
-    out = torch.empty(len(trees), width, dtype=torch.long)
-    for b, (tree, length) in enumerate(zip(trees, lengths)):
-        depths = tree.depths
-        out[b] = length
-        out[b, : len(depths)] = torch.tensor(depths) + length
-    return out
+def _ancestor_bits(parents: list[int] | tuple[int, ...]) -> list[int]:
+    rows: list[int] = []
+    for i, p in enumerate(parents):
+        rows.append((rows[p] if p >= 0 else 0) | (1 << i))  # parent's row plus itself
+    return rows
 
 
-def attention_mask(trees: list[TokenTree], lengths: list[int], width: int) -> torch.Tensor | None:
-    """[batch, 1, width, max(lengths) + width] bool (True = may attend), or None for plain causal.
+def bits_to_bool(bitsets: list[int], n: int) -> np.ndarray:
+    """Python-int bitsets -> [len(bitsets), n] bool array (bit j -> column j)."""
+    nbytes = (n + 7) // 8
+    buf = b"".join(b.to_bytes(nbytes, "little") for b in bitsets)
+    raw = np.frombuffer(buf, dtype=np.uint8).reshape(len(bitsets), nbytes)
+    return np.unpackbits(raw, axis=1, bitorder="little")[:, :n].astype(bool)
 
-    Row b sees its committed prefix ``[0, lengths[b])`` and, among the new tokens written at
-    ``lengths[b] + j``, its ancestors and itself. Padding nodes (trees narrower than ``width``)
-    see only themselves. None is returned when every row is a root-only tree over an
-    equal-length prefix: then attending to every slot is exactly right.
+
+class ScratchTree:
+    """One row's nodes in a cache's scratch area: node j lives in scratch slot j.
+
+    A drafter grows it level by level (``add``), a verifier fills it from a ``TokenTree``.
+    A node added with parent -1 is a root: it sees the committed prefix and itself only
+    (the first token of a row, or padding that keeps every row of a batch the same width).
     """
-    if width == 1 and len(set(lengths)) == 1:
-        return None
-    span = max(lengths) + width
-    mask = torch.zeros(len(trees), 1, width, span, dtype=torch.bool)
-    for b, (tree, length) in enumerate(zip(trees, lengths)):
-        n = len(tree)
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.bits: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int) -> int:
+        i = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1 if parent >= 0 else 0)
+        self.bits.append((self.bits[parent] if parent >= 0 else 0) | (1 << i))
+        return i
+
+    @staticmethod
+    def from_tree(tree: TokenTree, width: int) -> "ScratchTree":
+        out = ScratchTree()
+        for tok, parent in zip(tree.tokens, tree.parents):
+            out.add(tok, parent)
+        for _ in range(width - len(tree)):
+            out.add(tree.tokens[0], -1)  # padding
+        return out
+
+
+def pass_tensors(rows: list[ScratchTree], start: int, width: int, lengths: list[int]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Inputs of one forward over nodes [start, start + width) of every row.
+
+    Returns tokens [batch, width], positions [batch, width] (= committed length + depth) and
+    the mask [batch, 1, width, max(lengths) + start + width] (True = may attend), or None when
+    every row is one root over an equal-length prefix (then every slot is visible anyway).
+    Row b's query i sees its committed prefix [0, lengths[b]) and, among its scratch nodes at
+    slots lengths[b] + j, itself and its ancestors.
+    """
+    batch = len(rows)
+    tokens = torch.tensor([r.tokens[start:start + width] for r in rows], dtype=torch.long)
+    pos = torch.tensor([[length + d for d in r.depths[start:start + width]]
+                        for r, length in zip(rows, lengths)], dtype=torch.long)
+    if width == 1 and start == 0 and len(set(lengths)) == 1:
+        return tokens, pos, None
+    n = start + width
+    span = max(lengths) + n
+    mask = np.zeros((batch, 1, width, span), dtype=bool)
+    for b, (r, length) in enumerate(zip(rows, lengths)):
         mask[b, 0, :, :length] = True
-        mask[b, 0, :n, length:length + n] = tree.ancestor_mask()
-        pad = torch.arange(n, width)
-        mask[b, 0, pad, length + pad] = True
-        mask[b, 0, n:, :length] = False
-    return mask
+        mask[b, 0, :, length:length + n] = bits_to_bool(r.bits[start:n], n)
+    return tokens, pos, torch.from_numpy(mask)

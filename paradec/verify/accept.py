@@ -9,10 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from paradec.config import SamplingConfig
-from paradec.sampling import next_token
 from paradec.tree import TokenTree
 
 
@@ -41,15 +37,3 @@ def accept_greedy(tree: TokenTree, target_next: list[int]) -> Verdict:
             return Verdict(nodes, want)
         node = nxt
         nodes.append(node)
-
-
-def accept_sampled(tree: TokenTree, logits: torch.Tensor, cfg: SamplingConfig,
-                   generator: torch.Generator | None) -> Verdict:
-    """Sampling acceptance for a root-only tree: draw the bonus from the warped target p.
-
-    logits: [nodes, vocab]. Draft trees with sampling go through multi-step speculative
-    sampling, which needs the draft's q (``paradec.verify.mss``).
-    """
-    if len(tree) != 1:
-        raise ValueError("accept_sampled takes root-only trees; use multi-step speculative sampling")
-    return Verdict([0], int(next_token(logits[:1], cfg, generator)[0]))

@@ -1,0 +1,41 @@
+"""Drafters propose token trees; ``TreeDrafter`` merges several (SSMs + prompt lookup) into one."""
+
+from __future__ import annotations
+
+import torch
+
+from paradec.draft.base import DraftTree, Draw, Proposal, merge
+from paradec.draft.model import ModelDrafter
+from paradec.draft.ngram import NgramDrafter
+
+__all__ = ["DraftTree", "Draw", "ModelDrafter", "NgramDrafter", "Proposal", "TreeDrafter", "merge"]
+
+
+class TreeDrafter:
+    """Runs every drafter for every row and merges their trees (trie union) per row."""
+
+    def __init__(self, models: list[ModelDrafter], ngram: NgramDrafter | None) -> None:
+        self.models, self.ngram = models, ngram
+
+    @property
+    def max_nodes(self) -> int:
+        return sum(m.max_nodes for m in self.models) + (self.ngram.max_nodes if self.ngram else 0)
+
+    def begin(self, prompts: list[list[int]], max_len: int) -> None:
+        for m in self.models:
+            m.begin(prompts, max_len)
+
+    def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]:
+        """``sequences[b]``: row b's tokens so far (the last one is the root)."""
+        per_model = [m.propose(generators) for m in self.models]
+        out = []
+        for b, seq in enumerate(sequences):
+            drafts = [trees[b] for trees in per_model]
+            if self.ngram is not None:
+                drafts.append(self.ngram.propose(seq))
+            out.append(merge(seq[-1], drafts))
+        return out
+
+    def commit(self, row: int, accepted: list[int], bonus: int) -> None:
+        for m in self.models:
+            m.commit(row, accepted, bonus)

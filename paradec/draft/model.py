@@ -1,0 +1,141 @@
+"""A small speculative model (SSM) that grows an expansion tree <k1..km> on its own KV cache.
+
+Per step and row, the SSM's scratch holds: the pending chain (tokens the target committed that
+the SSM has not cached yet, e.g. accepted leaves, which are never run; its last token is the root), padding up to the batch's longest
+pending chain, then the tree level by level. Level i gives each frontier node k_i children:
+its top-k_i tokens when decoding greedily, k_i i.i.d. draws from the warped q when sampling
+(what multi-step speculative sampling needs to be exact). One SSM forward per level, none
+for the leaves. After verification the SSM commits the pending chain plus the longest
+accepted prefix it proposed itself; the rest of the accepted tokens and the bonus become the
+next pending chain.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paradec.config import SamplingConfig
+from paradec.draft.base import DraftTree
+from paradec.models import Transformer
+from paradec.sampling import probs
+from paradec.tree import ScratchTree, pass_tensors
+
+
+class ModelDrafter:
+    def __init__(self, model: Transformer, expansion: tuple[int, ...], sampling: SamplingConfig) -> None:
+        self.model = model
+        self.expansion = expansion
+        self.sampling = sampling
+        self.device = model.embed.weight.device
+        self.cache = None
+        self.pending: list[list[int]] = []
+        self.trees: list[ScratchTree] = []
+        self.roots: list[int] = []  # local index of each row's root
+        self.written = 0  # local nodes whose K/V are in the scratch (leaves are never run)
+
+    @property
+    def max_nodes(self) -> int:
+        total, width = 0, 1
+        for k in self.expansion:
+            width *= k
+            total += width
+        return total
+
+    def begin(self, prompts: list[list[int]], max_len: int) -> None:
+        """Prefill every prompt but its last token (the first root), like the target."""
+        self.cache = self.model.new_cache(len(prompts), max_len + self.max_nodes + len(self.expansion) + 2)
+        self.pending = [[p[-1]] for p in prompts]
+        lengths = [len(p) - 1 for p in prompts]
+        width = max(lengths)
+        if width:
+            rows = []
+            for p in prompts:
+                row = ScratchTree()
+                for i, tok in enumerate(p[:-1]):
+                    row.add(tok, i - 1)
+                for _ in range(width - len(p) + 1):
+                    row.add(0, -1)
+                rows.append(row)
+            self._forward(rows, 0, width)
+            for b, n in enumerate(lengths):
+                self.cache.advance(b, n)
+
+    def _forward(self, rows: list[ScratchTree], start: int, width: int) -> torch.Tensor:
+        tokens, pos, mask = pass_tensors(rows, start, width, self.cache.lengths)
+        dev = self.device
+        logits = self.model(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), self.cache)
+        self.cache.keep_scratch(width)
+        return logits  # [batch, width, vocab]
+
+    def propose(self, generators: list[torch.Generator | None]) -> list[DraftTree]:
+        batch = len(self.pending)
+        for b in range(batch):
+            self.cache.drop_scratch(b)
+        width = max(len(p) for p in self.pending)
+        self.trees, self.roots = [], []
+        for chain in self.pending:
+            row = ScratchTree()
+            for i, tok in enumerate(chain):
+                row.add(tok, i - 1)
+            self.roots.append(len(chain) - 1)
+            for _ in range(width - len(chain)):
+                row.add(chain[-1], -1)  # padding
+            self.trees.append(row)
+        drafts = [DraftTree([chain[-1]], [-1], [None]) for chain in self.pending]
+        local_to_draft = [{root: 0} for root in self.roots]
+        frontier = [[root] for root in self.roots]  # local indices, per row
+        logits = self._forward(self.trees, 0, width)
+        frontier_logits = torch.stack([logits[b, self.roots[b]] for b in range(batch)])[:, None]
+        start = width
+        for level, k in enumerate(self.expansion):
+            children = self._expand(frontier_logits, k, generators)  # per row: [(frontier i, token, q)]
+            new_frontier = []
+            for b, kids in enumerate(children):
+                row, mapping, draft = self.trees[b], local_to_draft[b], drafts[b]
+                nodes = []
+                for i, tok, q in kids:
+                    parent_local = frontier[b][i]
+                    local = row.add(tok, parent_local)
+                    mapping[local] = len(draft.tokens)
+                    draft.tokens.append(tok)
+                    draft.parents.append(mapping[parent_local])
+                    draft.q.append(q)
+                    nodes.append(local)
+                new_frontier.append(nodes)
+            frontier = new_frontier
+            if level + 1 == len(self.expansion):
+                break
+            n_new = len(frontier[0])
+            frontier_logits = self._forward(self.trees, start, n_new)
+            start += n_new
+        self.written = start
+        return drafts
+
+    def _expand(self, logits: torch.Tensor, k: int, generators) -> list[list[tuple[int, int, torch.Tensor | None]]]:
+        """logits [batch, frontier, vocab] -> per row, k children per frontier node."""
+        if self.sampling.greedy:
+            top = logits.topk(k, dim=-1).indices.tolist()  # host sync: the tree is built on the host
+            return [[(i, tok, None) for i, toks in enumerate(row) for tok in toks] for row in top]
+        q = probs(logits, self.sampling)  # [batch, frontier, vocab]
+        out = []
+        for b, gen in enumerate(generators):
+            draws = torch.multinomial(q[b], k, replacement=True, generator=gen).tolist()  # host sync
+            out.append([(i, tok, q[b, i]) for i, toks in enumerate(draws) for tok in toks])
+        return out
+
+    def commit(self, row: int, accepted: list[int], bonus: int) -> None:
+        """The target kept ``accepted`` (draft tokens after the root) and added ``bonus``."""
+        tree = self.trees[row]
+        kids: dict[tuple[int, int], int] = {}
+        for i in range(self.roots[row] + 1, self.written):  # only nodes with cached K/V
+            kids.setdefault((tree.parents[i], tree.tokens[i]), i)
+        path, node = list(range(self.roots[row] + 1)), self.roots[row]
+        for n_have, tok in enumerate(accepted):
+            node = kids.get((node, tok), -1)
+            if node < 0:
+                break
+            path.append(node)
+        else:
+            n_have = len(accepted)
+        self.cache.commit(row, path)
+        self.pending[row] = accepted[n_have:] + [bonus]

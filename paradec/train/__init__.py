@@ -1,0 +1,1 @@
+"""Training recipes: tokenizer, target LM, SSM pool (boost-tuning). Resumable, logged."""
