@@ -31,6 +31,33 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="Hugging Face-format model directory")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--draft", action="append", default=[], metavar="PATH",
+                   help="draft model (SSM) for specinfer; repeat to merge several")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _add_spec(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expansion", type=_int_list, default=None,
+                   help="SSM children per tree level, e.g. 1,1,3,1,1,1,1,1 (the default)")
+    p.add_argument("--with-ngram", action="store_true", help="specinfer: merge prompt lookup into the tree")
+    p.add_argument("--ngram", type=int, default=3, help="prompt lookup: longest suffix to match")
+    p.add_argument("--num-draft", type=int, default=8, help="prompt lookup: tokens per branch")
+    p.add_argument("--ngram-branches", type=int, default=1, help="prompt lookup: distinct continuations")
+    p.add_argument("--acceptor", default="mss", help="sampling acceptance: mss (default) or naive")
+
+
+def spec_options(args: argparse.Namespace) -> dict:
+    out = dict(with_ngram=args.with_ngram, max_ngram=args.ngram, num_draft=args.num_draft,
+               ngram_branches=args.ngram_branches, acceptor=args.acceptor)
+    if args.expansion is not None:
+        out["expansion"] = args.expansion
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for one prompt")
     _add_model(g)
-    g.add_argument("--method", default="ar")
+    g.add_argument("--method", default="ar", help="ar | specinfer | pld")
     _add_sampling(g)
+    _add_spec(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object (last stdout line)")
     g.add_argument("prompt")
@@ -77,10 +105,10 @@ def resolve_model(path: str | None) -> str:
 def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
 
-    engine = paradec.load(resolve_model(args.model), dtype=args.dtype, device=args.device)
+    engine = paradec.load(resolve_model(args.model), dtype=args.dtype, device=args.device, drafts=args.draft)
     kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                  ignore_eos=args.ignore_eos, chat=args.chat)
+                  ignore_eos=args.ignore_eos, chat=args.chat, **spec_options(args))
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
         print(json.dumps(out.as_dict()))

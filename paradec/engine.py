@@ -162,6 +162,9 @@ class Engine:
         target_vocab = self.tokenizer.hf.get_vocab()
         dtype = self.model.embed.weight.dtype
         for path in paths:
+            if not Path(path).is_dir():
+                raise ParadecError(f"draft directory {str(path)!r} does not exist; pass --draft PATH to a "
+                                   "Hugging Face-format draft model that shares the target's tokenizer")
             draft = load_model(path, dtype, self.device)
             if draft.config.vocab_size != self.model.config.vocab_size:
                 raise ParadecError(f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "
@@ -174,16 +177,18 @@ class Engine:
 
     # ---- public API -------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]], *, chat: bool = False,
-                 **options) -> Generation | list[Generation]:
+                 drafter=None, **options) -> Generation | list[Generation]:
         """Decode one prompt (str or token ids) or a batch (a list of them).
 
         Returns one ``Generation`` per prompt, in order (a bare one for a single prompt).
+        ``drafter`` plugs in any object with ``max_nodes``, ``begin``, ``propose`` and
+        ``commit`` (see ``paradec.draft.TreeDrafter``) instead of the method's own.
         Example: ``engine.generate("def add(a, b):", max_new_tokens=32).text``.
         """
         single, batch = _as_batch(prompts)
         gen = self.config(**options)
         rows = self._rows([self._encode(p, chat) for p in batch], gen)
-        for _ in self._decode(rows, gen):
+        for _ in self._decode(rows, gen, drafter):
             pass
         out = [self._finish(row, gen) for row in rows]
         return out[0] if single else out
@@ -235,9 +240,9 @@ class Engine:
             return TreeDrafter(models, ngram if spec.with_ngram else None)
         return None
 
-    def _decode(self, rows: list[Row], gen: GenerationConfig) -> Iterator[StepEvent]:
+    def _decode(self, rows: list[Row], gen: GenerationConfig, drafter=None) -> Iterator[StepEvent]:
         start = time.perf_counter()
-        drafter = self._drafter(gen)
+        drafter = drafter or self._drafter(gen)
         max_len = max(len(r.tokens) for r in rows) + gen.max_new_tokens + 1
         cache = self.model.new_cache(len(rows), max_len + (drafter.max_nodes if drafter else 0))
         with torch.inference_mode():

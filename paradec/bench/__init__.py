@@ -1,0 +1,1 @@
+"""Benchmark harness: prompt files, random-init stand-in models, tables."""

@@ -1,0 +1,57 @@
+"""Prompt files: Spec-Bench / MT-bench question.jsonl, HumanEval jsonl(.gz), plain text."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from paradec.errors import ParadecError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    text: str
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
+    """Read prompts; the format is told by the file's records, not its name.
+
+    jsonl records with ``turns`` (Spec-Bench, MT-bench: the first turn), or ``prompt``
+    (HumanEval); any other file is one prompt per non-empty line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ParadecError(f"prompt file {str(path)!r} does not exist; pass --prompts FILE "
+                           "(question.jsonl, HumanEval.jsonl.gz or one prompt per line)")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParadecError(f"cannot read prompt file {path} ({exc.__class__.__name__})") from None
+    out = []
+    for i, line in enumerate(lines):
+        rec = None
+        if line.lstrip().startswith("{"):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                raise ParadecError(f"{path}:{i + 1} is not valid JSON; fix or remove that line") from None
+        if rec is None:
+            out.append(Prompt(str(i), "text", line))
+        elif "turns" in rec:
+            out.append(Prompt(str(rec.get("question_id", i)), str(rec.get("category", "all")), rec["turns"][0]))
+        elif "prompt" in rec:
+            out.append(Prompt(str(rec.get("task_id", i)), str(rec.get("category", "code")), rec["prompt"]))
+        else:
+            raise ParadecError(f"{path}:{i + 1} has neither 'turns' nor 'prompt'; "
+                               "use Spec-Bench question.jsonl or HumanEval format")
+        if limit and len(out) >= limit:
+            break
+    if not out:
+        raise ParadecError(f"prompt file {path} has no prompts")
+    return out
