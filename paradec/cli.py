@@ -73,6 +73,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object (last stdout line)")
     g.add_argument("prompt")
 
+    d = sub.add_parser("demo", help="the bundled code model decoded by every method, side by side")
+    d.add_argument("--max-new-tokens", type=int, default=96)
+    d.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+
+    b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
+    _add_model(b)
+    b.add_argument("--methods", default="ar,hf,pld", help="comma-separated: " + ", ".join(_bench_methods()))
+    b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz) or text")
+    b.add_argument("--limit", type=int, default=None)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--batch-size", type=int, default=1)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
+    b.add_argument("--out", required=True, help="directory for results.json, results.md, *.png")
+
     t = sub.add_parser("train", help="training recipes for the zoo (resumable)")
     tsub = t.add_subparsers(dest="what", required=True, parser_class=_Parser)
     tt = tsub.add_parser("tokenizer", help="byte-level BPE on the stdlib source")
@@ -83,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--out", required=True, help="where the HF checkpoint is exported")
     tg.add_argument("--run-dir", default="runs/zoo", help="resumable state, logs, token cache")
     _add_train_schedule(tg, max_steps=1600)
+    ts = tsub.add_parser("ssms", help="SSM pool for specinfer by collective boost-tuning")
+    ts.add_argument("--target", required=True, help="the trained target (HF directory)")
+    ts.add_argument("--out-dir", required=True, help="writes OUT_DIR/ssm1..N and OUT_DIR/ssm_pool.json")
+    ts.add_argument("--run-dir", default="runs/zoo")
+    ts.add_argument("--num", type=int, default=3, help="SSMs in the pool")
+    ts.add_argument("--samples", type=int, default=4000, help="target continuations to distill from")
     return parser
 
 
@@ -95,17 +118,16 @@ def _add_train_schedule(p: argparse.ArgumentParser, max_steps: int) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def resolve_model(path: str | None) -> str:
-    if path is None:
-        raise ParadecError("no model given; pass --model PATH to a Hugging Face-format directory "
-                           "(config.json + *.safetensors + tokenizer)")
-    return path
-
-
 def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
+    from paradec.zoo import bundled, bundled_drafts
 
-    engine = paradec.load(resolve_model(args.model), dtype=args.dtype, device=args.device, drafts=args.draft)
+    model, drafts = args.model, args.draft
+    if model is None:  # the bundled code model, with its SSM pool for specinfer
+        model = bundled("target")
+        if args.method == "specinfer" and not drafts:
+            drafts = bundled_drafts()
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts)
     kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                   ignore_eos=args.ignore_eos, chat=args.chat, **spec_options(args))
@@ -145,9 +167,49 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         summary = train_target(args.tokenizer, args.out, args.run_dir, _train_config(args))
         print(json.dumps(summary))
+    elif args.what == "ssms":
+        from paradec.train.boost import train_ssm_pool
+
+        if args.num < 1 or args.samples < 64:
+            raise ParadecError("--num must be >= 1 and --samples >= 64")
+        report = train_ssm_pool(args.target, args.out_dir, args.run_dir, args.num, args.samples)
+        print(json.dumps({k: v for k, v in report.items() if k != "ssms"}))
 
 
-COMMANDS = {"generate": cmd_generate, "train": cmd_train}
+def _bench_methods() -> tuple[str, ...]:
+    from paradec.bench.harness import METHODS
+
+    return METHODS
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from paradec.bench.harness import BenchConfig, run_bench, write_outputs
+    from paradec.zoo import bundled, bundled_drafts
+
+    model, drafts = args.model, args.draft
+    if model is None:
+        model = bundled("target")
+        drafts = drafts or bundled_drafts()
+    if args.limit is not None and args.limit < 1:
+        raise ParadecError("--limit must be >= 1")
+    cfg = BenchConfig(model=str(model), methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                      prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts), limit=args.limit,
+                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                      temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
+                      seed=args.seed, stop_at_eos=args.stop_at_eos)
+    result = run_bench(cfg)
+    print(write_outputs(result, args.out))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from paradec.demo import run_demo
+
+    if args.max_new_tokens < 1:
+        raise ParadecError("--max-new-tokens must be >= 1")
+    run_demo(args.max_new_tokens, args.dtype)
+
+
+COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

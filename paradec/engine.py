@@ -38,6 +38,8 @@ class Stats:
     steps: int = 0  # target forward passes after prefill
     prefill_s: float = 0.0
     wall_s: float = 0.0  # prefill included
+    target_s: float = 0.0  # time in the target's verification passes (shared by a batch's rows)
+    nodes: int = 0  # tree nodes verified, summed over steps (AR: one per step)
     offered: list[int] = field(default_factory=list)  # [depth-1] steps whose tree reached depth d
     reached: list[int] = field(default_factory=list)  # [depth-1] steps that accepted a token at depth d
 
@@ -64,6 +66,7 @@ class Stats:
         return {"method": self.method, "new_tokens": self.new_tokens, "steps": self.steps,
                 "tau": round(self.tau, 4), "prefill_s": round(self.prefill_s, 5),
                 "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3),
+                "target_s": round(self.target_s, 5), "nodes_per_step": round(self.nodes / max(1, self.steps), 3),
                 "accept_per_depth": [round(a, 4) for a in self.accept_per_depth]}
 
 
@@ -257,7 +260,11 @@ class Engine:
                     proposals = drafter.propose([r.tokens for r in rows], [r.generator for r in rows])
                 else:
                     proposals = [Proposal.root_only(row.tokens[-1]) for row in rows]
+                t_fwd = time.perf_counter()
                 logits = self._verify_forward([p.tree for p in proposals], cache)
+                if logits.device.type == "cuda":
+                    torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
+                t_fwd = time.perf_counter() - t_fwd
                 verdicts = self._accept(proposals, logits, rows, gen)
                 for b, (row, prop, verdict) in enumerate(zip(rows, proposals, verdicts)):
                     if row.done:
@@ -268,6 +275,8 @@ class Engine:
                     if drafter:
                         drafter.commit(b, accepted, verdict.bonus)
                     row.stats.steps += 1
+                    row.stats.target_s += t_fwd
+                    row.stats.nodes += len(prop.tree)
                     row.stats.record(max(prop.tree.depths), len(accepted))
                     if row.done:
                         row.stats.wall_s = time.perf_counter() - start

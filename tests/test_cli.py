@@ -67,14 +67,14 @@ def broken_dirs(tmp_path, llama_dir):
     ("ok", ["--method", "magic"], "unknown method"),
     ("ok", ["--dtype", "int3"], "invalid choice"),
     ("long", [], "context"),
-    ("nomodel", [], "--model"),
+    ("ok", ["--method", "specinfer", "--draft", "/no/such/draft"], "draft directory"),
+    ("ok", ["--method", "specinfer", "--expansion", "1,0"], "expansion"),
 ])
 def test_bad_input_is_one_line_exit_2(broken_dirs, llama_dir, case, extra, needle):
     prompt = "def f(x):"
     if case == "long":
         prompt = "x = 1\n" * 2000
-    model = [] if case == "nomodel" else ["--model", str(broken_dirs.get(case, llama_dir))]
-    out = run("generate", *model, *extra, prompt)
+    out = run("generate", "--model", str(broken_dirs.get(case, llama_dir)), *extra, prompt)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr, out.stderr

@@ -1,0 +1,251 @@
+"""``paradec bench``: every method side by side on the same prompts, weights and dtype.
+
+Timing rules: a warm-up run per method is excluded; methods are interleaved per prompt (the
+order rotates from prompt to prompt), not run in blocks; each (prompt, method) is timed
+``repeats`` times and the median kept; every method generates the same number of new tokens
+(EOS ignored unless asked). Speedups follow Spec-Bench: the mean over prompts of the per-prompt
+throughput ratio.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import paradec
+from paradec.bench.prompts import Prompt, load_prompts
+from paradec.bench.report import machine, markdown_table, write_json
+from paradec.draft.oracle import OracleDrafter
+from paradec.errors import ParadecError
+
+PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
+           "specinfer+ngram": {"method": "specinfer", "with_ngram": True}, "pld": {"method": "pld"}}
+HF = ("hf", "hf-assisted", "hf-pld")
+METHODS = (*PARADEC, "oracle", *HF)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str
+    methods: tuple[str, ...]
+    prompts: str
+    out: str
+    drafts: tuple[str, ...] = ()
+    limit: int | None = None
+    max_new_tokens: int = 128
+    batch_size: int = 1
+    temperature: float = 0.0
+    repeats: int = 1
+    dtype: str = "bf16"
+    device: str = "cpu"
+    seed: int = 0
+    stop_at_eos: bool = False
+    oracle_depth: int = 8
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ParadecError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        if self.batch_size < 1 or self.repeats < 1 or self.max_new_tokens < 1:
+            raise ParadecError("--batch-size, --repeats and --max-new-tokens must be >= 1")
+        if any(m in ("specinfer", "specinfer+ngram", "hf-assisted") for m in self.methods) and not self.drafts:
+            raise ParadecError("specinfer and hf-assisted need a draft model; pass --draft PATH")
+
+
+class Runners:
+    """One callable per method: token-id prompts -> (token ids per prompt, stats per prompt)."""
+
+    def __init__(self, cfg: BenchConfig) -> None:
+        self.cfg = cfg
+        self.engine = paradec.load(cfg.model, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts))
+        self.hf = self.hf_draft = None
+        if any(m in HF for m in cfg.methods):
+            import transformers
+            from transformers import AutoModelForCausalLM
+
+            transformers.logging.set_verbosity_error()
+            transformers.utils.logging.disable_progress_bar()
+
+            dtype = paradec.engine.DTYPES[cfg.dtype]
+            self.hf = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(cfg.device).eval()
+            if "hf-assisted" in cfg.methods:
+                self.hf_draft = AutoModelForCausalLM.from_pretrained(cfg.drafts[0], dtype=dtype).to(cfg.device).eval()
+
+    def options(self) -> dict:
+        c = self.cfg
+        return dict(max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=c.seed,
+                    ignore_eos=not c.stop_at_eos)
+
+    def run(self, method: str, batch: list[list[int]], reference: list[list[int]] | None):
+        if method in PARADEC or method == "oracle":
+            drafter = None
+            if method == "oracle":
+                vocab = self.engine.model.config.vocab_size
+                drafter = OracleDrafter([p + r for p, r in zip(batch, reference)], (1,) * self.cfg.oracle_depth,
+                                        1.0, vocab)
+            out = self.engine.generate(batch, drafter=drafter, **PARADEC.get(method, {}), **self.options())
+            return [g.token_ids for g in out], [g.stats for g in out]
+        return self._run_hf(method, batch), [None] * len(batch)
+
+    def _run_hf(self, method: str, batch: list[list[int]]) -> list[list[int]]:
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=self.cfg.device)  # left pad
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.cfg.device)
+        c = self.cfg
+        kw = dict(max_new_tokens=c.max_new_tokens, pad_token_id=0, attention_mask=mask,
+                  do_sample=c.temperature > 0)
+        if c.temperature > 0:
+            kw.update(temperature=c.temperature, top_k=0)
+        if not c.stop_at_eos:
+            kw["min_new_tokens"] = c.max_new_tokens
+        if method == "hf-assisted":
+            kw["assistant_model"] = self.hf_draft
+        elif method == "hf-pld":
+            kw["prompt_lookup_num_tokens"] = 10
+        with torch.inference_mode():
+            out = self.hf.generate(ids, **kw)
+        return [row[width:].tolist() for row in out]
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
+    prompts = load_prompts(cfg.prompts, cfg.limit)
+    runners = Runners(cfg)
+    methods = list(cfg.methods)
+    if cfg.batch_size > 1 and any(m in ("hf-assisted", "hf-pld") for m in methods):
+        methods = [m for m in methods if m not in ("hf-assisted", "hf-pld")]  # transformers: batch 1 only
+    if cfg.temperature > 0:
+        methods = [m for m in methods if m != "oracle"]  # the oracle knows greedy text only
+    tok = runners.engine.tokenizer
+    groups = [prompts[i: i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
+    encoded = [[tok.encode(p.text) for p in g] for g in groups]
+    for m in methods:  # warm-up, excluded
+        runners.run(m, [encoded[0][0]], [[0] * cfg.max_new_tokens])
+    records = []
+    bar = tqdm(total=len(groups) * len(methods) * cfg.repeats, desc="bench", disable=not progress)
+    for gi, (group, batch) in enumerate(zip(groups, encoded)):
+        reference = None
+        if cfg.temperature == 0:  # `ar`'s tokens: the oracle's knowledge and the identity check
+            reference, _ = runners.run("ar", batch, None)
+        order = methods[gi % len(methods):] + methods[: gi % len(methods)]
+        timings: dict[str, list] = {m: [] for m in methods}
+        for _ in range(cfg.repeats):
+            for m in order:
+                t = time.perf_counter()
+                tokens, stats = runners.run(m, batch, reference)
+                timings[m].append((time.perf_counter() - t, tokens, stats))
+                bar.update(1)
+        for m in methods:
+            wall, tokens, stats = sorted(timings[m], key=lambda x: x[0])[len(timings[m]) // 2]
+            refs = reference or [None] * len(group)
+            for p, toks, st, ref in zip(group, tokens, stats, refs):
+                records.append(_record(p, m, wall, len(batch), toks, st, ref))
+    bar.close()
+    summary = summarize(records, methods)
+    return {"config": {k: v for k, v in cfg.__dict__.items()}, "machine": machine(),
+            "peak_rss_mb": round(_peak_mb(), 1), "records": records, "summary": summary}
+
+
+def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], stats, reference) -> dict:
+    rec = {"prompt_id": p.id, "category": p.category, "method": method, "batch": batch,
+           "new_tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
+           "identical_to_ar": None if reference is None else tokens == reference}
+    if stats is not None:
+        rec.update(tau=stats.tau, steps=stats.steps, accept_per_depth=stats.accept_per_depth,
+                   nodes_per_step=stats.nodes / max(1, stats.steps),
+                   target_share=min(1.0, stats.target_s / wall), ms_per_step=1000 * wall / max(1, stats.steps))
+    return rec
+
+
+def summarize(records: list[dict], methods: list[str]) -> list[dict]:
+    """Per method and per category (plus 'all'): means and Spec-Bench speedups."""
+    by = {(r["prompt_id"], r["method"]): r for r in records}
+    cats = sorted({r["category"] for r in records})
+    out = []
+    for cat in ["all", *cats]:
+        for m in methods:
+            mine = [r for r in records if r["method"] == m and cat in ("all", r["category"])]
+            if not mine:
+                continue
+            row = {"category": cat, "method": m, "prompts": len(mine),
+                   "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine)}
+            for base in ("ar", "hf"):
+                ratios = [r["tokens_per_s"] / by[(r["prompt_id"], base)]["tokens_per_s"]
+                          for r in mine if (r["prompt_id"], base) in by]
+                row[f"speedup_vs_{base}"] = statistics.mean(ratios) if ratios else None
+            for key in ("tau", "nodes_per_step", "target_share", "ms_per_step"):
+                vals = [r[key] for r in mine if r.get(key) is not None]
+                row[key] = statistics.mean(vals) if vals else None
+            depth = [r["accept_per_depth"] for r in mine if r.get("accept_per_depth")]
+            row["accept_per_depth"] = [statistics.mean(d[i] for d in depth if len(d) > i)
+                                       for i in range(max((len(d) for d in depth), default=0))]
+            ident = [r["identical_to_ar"] for r in mine if r["identical_to_ar"] is not None]
+            row["identical_to_ar"] = sum(ident) / len(ident) if ident else None
+            out.append(row)
+    return out
+
+
+COLUMNS = ["category", "method", "prompts", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "tau",
+           "nodes_per_step", "target_share", "identical_to_ar"]
+
+
+def write_outputs(result: dict, out_dir: str | Path) -> str:
+    out_dir = Path(out_dir)
+    rows = [r for r in result["summary"] if r["category"] == "all"]
+    cats = [r for r in result["summary"] if r["category"] != "all"]
+    table = markdown_table(rows, COLUMNS)
+    if len({r["category"] for r in cats}) > 1:
+        table += "\n\nPer category:\n\n" + markdown_table(cats, COLUMNS)
+    write_json(result, out_dir / "results.json")
+    (out_dir / "results.md").write_text(table + "\n")
+    _plots(result, out_dir)
+    return table
+
+
+def _plots(result: dict, out_dir: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are optional: pip install paradec[bench]
+        return
+    summary = result["summary"]
+    cats = sorted({r["category"] for r in summary})
+    methods = list(dict.fromkeys(r["method"] for r in summary))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * len(methods) / 3), 4))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        vals = [next((r["speedup_vs_ar"] or 0 for r in summary if r["method"] == m and r["category"] == c), 0)
+                for c in cats]
+        ax.bar([j + i * width for j in range(len(cats))], vals, width, label=m)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20)
+    ax.set_ylabel("speedup vs ar (mean per-prompt ratio)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "speedup.png", dpi=110)
+    plt.close(fig)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for m in methods:
+        recs = [r for r in result["records"] if r["method"] == m and r.get("nodes_per_step") is not None]
+        if recs:
+            a1.scatter([r["nodes_per_step"] for r in recs], [r["tau"] for r in recs], label=m, s=14)
+            a2.scatter([r["nodes_per_step"] for r in recs], [r["ms_per_step"] for r in recs], label=m, s=14)
+    a1.set_xlabel("tree nodes verified per step")
+    a1.set_ylabel("tau (tokens per target pass)")
+    a2.set_xlabel("tree nodes verified per step")
+    a2.set_ylabel("ms per step")
+    a1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "tau_step_time.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,53 @@
+"""``paradec demo``: the bundled code model, decoded by every method, side by side.
+
+For each shipped prompt: stream the `ar` text, then run the speculative methods on the same
+prompt and show tau, tokens/s, speedup vs `ar` and whether the tokens are identical; end
+with a table of means. Greedy, so every method must reproduce `ar` token for token.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from importlib.resources import files
+
+import paradec
+from paradec.bench.prompts import load_prompts
+from paradec.bench.report import markdown_table
+from paradec.zoo import bundled, bundled_drafts
+
+METHODS = {"ar": {}, "specinfer": {"method": "specinfer"}, "specinfer+ngram": {"method": "specinfer", "with_ngram": True},
+           "pld": {"method": "pld"}}
+
+
+def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", out=sys.stdout) -> list[dict]:
+    engine = paradec.load(bundled("target"), dtype=dtype, drafts=bundled_drafts())
+    prompts = load_prompts(files("paradec") / "data" / "demo_prompts.jsonl")
+    methods = METHODS if engine.drafts else {k: v for k, v in METHODS.items() if "specinfer" not in k}
+    engine.generate(prompts[0].text, max_new_tokens=4)  # warm-up
+    rows = []
+    print(f"paradec demo: bundled target + {len(engine.drafts)} SSMs, {dtype}, greedy, "
+          f"{max_new_tokens} new tokens per prompt\n", file=out)
+    for p in prompts:
+        print("=" * 72 + "\n" + p.text, end="", file=out)
+        for piece in engine.stream(p.text, max_new_tokens=max_new_tokens):
+            out.write(piece)
+            out.flush()
+        print("\n" + "-" * 72, file=out)
+        ref = engine.generate(p.text, max_new_tokens=max_new_tokens)
+        for name, opts in methods.items():
+            g = ref if name == "ar" else engine.generate(p.text, max_new_tokens=max_new_tokens, **opts)
+            row = {"prompt": p.id, "method": name, "tau": g.stats.tau, "tokens_per_s": g.stats.tokens_per_s,
+                   "speedup": ref.stats.wall_s / g.stats.wall_s, "identical": g.token_ids == ref.token_ids}
+            rows.append(row)
+            print(f"  {name:<16} tau {row['tau']:5.2f}   {row['tokens_per_s']:6.1f} tok/s   "
+                  f"x{row['speedup']:.2f} vs ar   identical: {row['identical']}", file=out)
+    summary = []
+    for name in methods:
+        mine = [r for r in rows if r["method"] == name]
+        summary.append({"method": name, "tau": statistics.mean(r["tau"] for r in mine),
+                        "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine),
+                        "speedup_vs_ar": statistics.mean(r["speedup"] for r in mine),
+                        "identical": f"{sum(r['identical'] for r in mine)}/{len(mine)}"})
+    print("\n" + markdown_table(summary, ["method", "tau", "tokens_per_s", "speedup_vs_ar", "identical"]), file=out)
+    return summary

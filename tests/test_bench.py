@@ -1,0 +1,53 @@
+"""`paradec bench` smoke test: every method on a tiny model, schema and losslessness."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from paradec.bench.harness import METHODS
+from paradec.bench.prompts import load_prompts
+from paradec.testing import make_checkpoint
+
+
+def test_bench_every_method(tmp_path, llama_dir, tokenizer):
+    draft = make_checkpoint(tmp_path / "draft", tokenizer=tokenizer, seed=21, num_layers=1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in
+                                 enumerate([("code", "def add(a, b):"), ("prose", "The quick brown fox")])))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--draft", str(draft),
+                           "--methods", ",".join(METHODS), "--prompts", str(prompts), "--max-new-tokens", "16",
+                           "--dtype", "fp32", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "results.json").read_text())
+    assert {"config", "machine", "records", "summary", "peak_rss_mb"} <= set(result)
+    assert len(result["records"]) == 2 * len(METHODS)
+    for rec in result["records"]:
+        assert rec["new_tokens"] == 16 and rec["tokens_per_s"] > 0 and rec["identical_to_ar"] is True
+    overall = {r["method"]: r for r in result["summary"] if r["category"] == "all"}
+    assert set(overall) == set(METHODS)
+    for m in ("ar", "specinfer", "specinfer+ngram", "pld", "oracle"):
+        assert overall[m]["identical_to_ar"] == 1.0 and overall[m]["tau"] >= 1.0
+    assert overall["oracle"]["tau"] > 4  # a perfect 8-deep chain commits ~9 tokens per pass
+    assert {"code", "prose"} <= {r["category"] for r in result["summary"]}
+    assert (out / "results.md").read_text().startswith("| category")
+    assert (out / "speedup.png").stat().st_size > 1000 and (out / "tau_step_time.png").stat().st_size > 1000
+
+
+def test_prompt_formats(tmp_path):
+    plain = tmp_path / "p.txt"
+    plain.write_text("first prompt\n\nsecond prompt\n")
+    assert [p.text for p in load_prompts(plain)] == ["first prompt", "second prompt"]
+    he = tmp_path / "he.jsonl"
+    he.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
+    assert load_prompts(he)[0].text == "def f():\n" and load_prompts(he)[0].id == "HumanEval/0"
+
+
+def test_bench_bad_input_exit_2(tmp_path, llama_dir):
+    proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--methods", "ar,warp",
+                           "--prompts", str(tmp_path / "none.txt"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
