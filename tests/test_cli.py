@@ -68,7 +68,8 @@ def broken_dirs(tmp_path, llama_dir):
     ("ok", ["--dtype", "int3"], "invalid choice"),
     ("long", [], "context"),
     ("ok", ["--method", "specinfer", "--draft", "/no/such/draft"], "draft directory"),
-    ("ok", ["--method", "specinfer", "--expansion", "1,0"], "expansion"),
+    ("ok", ["--method", "specinfer"], "needs draft models"),
+    ("ok", ["--method", "pld", "--expansion", "1,0"], "expansion"),
 ])
 def test_bad_input_is_one_line_exit_2(broken_dirs, llama_dir, case, extra, needle):
     prompt = "def f(x):"
