@@ -33,6 +33,7 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--draft", action="append", default=[], metavar="PATH",
                    help="draft model (SSM) for specinfer; repeat to merge several")
+    p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
 
 
 def _int_list(text: str) -> list[int]:
@@ -49,12 +50,22 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram", type=int, default=3, help="prompt lookup: longest suffix to match")
     p.add_argument("--num-draft", type=int, default=8, help="prompt lookup: tokens per branch")
     p.add_argument("--ngram-branches", type=int, default=1, help="prompt lookup: distinct continuations")
-    p.add_argument("--acceptor", default="mss", help="sampling acceptance: mss (default) or naive")
+    p.add_argument("--acceptor", default="mss",
+                   help="sampling acceptance: mss (default), naive, or typical (LOSSY: medusa's typical acceptance)")
+    p.add_argument("--tree-nodes", type=int, default=None, help="medusa: static tree size")
+    p.add_argument("--no-prune", action="store_true", help="propd: switch early pruning off (ablation)")
+    p.add_argument("--static-tree", action="store_true", help="propd: fixed tree size (ablation)")
+    p.add_argument("--prune-topk", type=int, default=8, help="propd: keep nodes in the parent's early top-k")
 
 
 def spec_options(args: argparse.Namespace) -> dict:
     out = dict(with_ngram=args.with_ngram, max_ngram=args.ngram, num_draft=args.num_draft,
-               ngram_branches=args.ngram_branches, acceptor=args.acceptor)
+               ngram_branches=args.ngram_branches, acceptor=args.acceptor, tree_nodes=args.tree_nodes,
+               prune_topk=args.prune_topk)
+    if args.no_prune:
+        out["prune"] = False
+    if args.static_tree:
+        out["dynamic"] = False
     if args.expansion is not None:
         out["expansion"] = args.expansion
     return out
@@ -66,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for one prompt")
     _add_model(g)
-    g.add_argument("--method", default="ar", help="ar | specinfer | pld")
+    g.add_argument("--method", default="ar", help="ar | specinfer | pld | medusa | propd")
     _add_sampling(g)
     _add_spec(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -106,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--run-dir", default="runs/zoo")
     ts.add_argument("--num", type=int, default=3, help="SSMs in the pool")
     ts.add_argument("--samples", type=int, default=4000, help="target continuations to distill from")
+    th = tsub.add_parser("heads", help="Medusa heads + early-pruning head for ProPD (frozen backbone)")
+    th.add_argument("--target", required=True)
+    th.add_argument("--out", required=True)
+    th.add_argument("--run-dir", default="runs/zoo")
+    th.add_argument("--num-heads", type=int, default=4)
+    th.add_argument("--early-layer", type=int, default=None, help="default: a quarter of the layers")
+    th.add_argument("--epochs", type=int, default=3)
     return parser
 
 
@@ -122,12 +140,14 @@ def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
     from paradec.zoo import bundled, bundled_drafts
 
-    model, drafts = args.model, args.draft
-    if model is None:  # the bundled code model, with its SSM pool for specinfer
+    model, drafts, heads = args.model, args.draft, args.heads
+    if model is None:  # the bundled code model, with its SSM pool and heads
         model = bundled("target")
         if args.method == "specinfer" and not drafts:
             drafts = bundled_drafts()
-    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts)
+        if args.method in ("medusa", "propd") and heads is None:
+            heads = bundled("heads", "heads.json")
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads)
     kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                   ignore_eos=args.ignore_eos, chat=args.chat, **spec_options(args))
@@ -174,6 +194,13 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise ParadecError("--num must be >= 1 and --samples >= 64")
         report = train_ssm_pool(args.target, args.out_dir, args.run_dir, args.num, args.samples)
         print(json.dumps({k: v for k, v in report.items() if k != "ssms"}))
+    elif args.what == "heads":
+        from paradec.train.heads import train_heads
+
+        if args.num_heads < 1 or args.epochs < 1:
+            raise ParadecError("--num-heads and --epochs must be >= 1")
+        meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
+        print(json.dumps({k: meta[k] for k in ("top1", "top5", "early_topk_recall", "expected_tau_static")}))
 
 
 def _bench_methods() -> tuple[str, ...]:

@@ -156,7 +156,7 @@ class SamplingConfig:
         return self.temperature == 0
 
 
-ACCEPTORS = ("mss", "naive")
+ACCEPTORS = ("mss", "naive", "typical")
 
 
 @dataclass(frozen=True)
@@ -168,9 +168,19 @@ class SpecConfig:
     max_ngram: int = 3  # longest suffix prompt lookup matches
     num_draft: int = 8  # prompt-lookup tokens per branch
     ngram_branches: int = 1  # distinct prompt-lookup continuations
-    acceptor: str = "mss"  # sampling acceptance: "mss" or "naive" (greedy is always exact match)
+    acceptor: str = "mss"  # sampling acceptance: "mss", "naive", or "typical" (lossy; greedy is exact match)
+    typical_epsilon: float = 0.09  # typical acceptance: p(x) > min(epsilon, delta * exp(-entropy))
+    typical_delta: float = 0.3
+    tree_nodes: int | None = None  # medusa: static tree size (None: what the heads were tuned for)
+    prune: bool = False  # ProPD early pruning inside the verification pass (propd: on)
+    prune_topk: int = 8  # keep a node iff its token is in its parent's early-head top-k
+    dynamic: bool = False  # ProPD: choose the tree size each step with the cost model (propd: on)
 
     def __post_init__(self) -> None:
+        if self.tree_nodes is not None and not 0 <= self.tree_nodes <= 64:
+            raise ParadecError(f"tree_nodes must be in [0, 64], got {self.tree_nodes}")
+        if self.prune_topk < 1:
+            raise ParadecError(f"prune_topk must be >= 1, got {self.prune_topk}")
         if not self.expansion or any(k < 1 for k in self.expansion):
             raise ParadecError(f"expansion must be a non-empty list of integers >= 1, got {self.expansion}")
         if self.max_ngram < 1 or self.num_draft < 1 or self.ngram_branches < 1:

@@ -18,13 +18,18 @@ from typing import Iterator
 import torch
 
 from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
-from paradec.draft import ModelDrafter, NgramDrafter, Proposal, TreeDrafter
+from paradec.draft import HeadDrafter, ModelDrafter, NgramDrafter, Proposal, TreeDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
+from paradec.models.heads import Heads, load_heads
+from paradec.policy import TreePolicy
 from paradec.tree import ScratchTree, pass_tensors
 from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
+from paradec.verify.prune import pruned_pass
+from paradec.verify.typical import accept_typical
 
-METHODS = ("ar", "specinfer", "pld")
+METHODS = ("ar", "specinfer", "pld", "medusa", "propd")
+DEFAULT_TREE_NODES = 16
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
@@ -39,7 +44,8 @@ class Stats:
     prefill_s: float = 0.0
     wall_s: float = 0.0  # prefill included
     target_s: float = 0.0  # time in the target's verification passes (shared by a batch's rows)
-    nodes: int = 0  # tree nodes verified, summed over steps (AR: one per step)
+    nodes: int = 0  # tree nodes proposed, summed over steps (AR: one per step)
+    verified: int = 0  # nodes that reached the last layer (fewer than ``nodes`` when pruning)
     offered: list[int] = field(default_factory=list)  # [depth-1] steps whose tree reached depth d
     reached: list[int] = field(default_factory=list)  # [depth-1] steps that accepted a token at depth d
 
@@ -67,6 +73,7 @@ class Stats:
                 "tau": round(self.tau, 4), "prefill_s": round(self.prefill_s, 5),
                 "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3),
                 "target_s": round(self.target_s, 5), "nodes_per_step": round(self.nodes / max(1, self.steps), 3),
+                "verified_per_step": round(self.verified / max(1, self.steps), 3),
                 "accept_per_depth": [round(a, 4) for a in self.accept_per_depth]}
 
 
@@ -159,6 +166,12 @@ class Engine:
         self.model_dir = model_dir
         self.device = model.embed.weight.device
         self.drafts: list[Transformer] = []
+        self.heads: Heads | None = None
+
+    def load_heads(self, path: str | Path) -> None:
+        """Load Medusa heads (+ the early-pruning head) trained for this target."""
+        cfg = self.model.config
+        self.heads = load_heads(path, cfg.hidden_size, cfg.rms_norm_eps, self.model.embed.weight.dtype, self.device)
 
     def load_drafts(self, paths: list[str | Path]) -> None:
         """Load SSMs for ``specinfer``; each must share the target's tokenizer."""
@@ -223,6 +236,14 @@ class Engine:
             raise ParadecError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         if method == "specinfer" and not self.drafts:
             raise ParadecError("method specinfer needs draft models; pass --draft PATH (or drafts=[...])")
+        if method in ("medusa", "propd"):
+            if self.heads is None:
+                raise ParadecError(f"method {method} needs Medusa heads; pass --heads PATH (or heads=...)")
+            propd = method == "propd"
+            spec.setdefault("prune", propd)
+            spec.setdefault("dynamic", propd)
+            if spec["prune"] and self.heads.early is None:
+                raise ParadecError("pruning needs an early head; these heads have none (use --no-prune)")
         if "expansion" in spec:
             spec["expansion"] = tuple(int(k) for k in spec["expansion"])
         try:
@@ -241,6 +262,12 @@ class Engine:
         if gen.method == "specinfer":
             models = [ModelDrafter(m, spec.expansion, gen.sampling) for m in self.drafts]
             return TreeDrafter(models, ngram if spec.with_ngram else None)
+        if gen.method in ("medusa", "propd"):
+            heads = self.heads
+            prior = heads.rank_accuracy or [[0.5 ** (r + 1) for r in range(8)] for _ in heads.medusa.blocks]
+            static = None if spec.dynamic else (spec.tree_nodes if spec.tree_nodes is not None else
+                                                heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
+            return HeadDrafter(heads, self.model.lm_head, TreePolicy(prior, static), max_rank=len(prior[0]))
         return None
 
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter=None) -> Iterator[StepEvent]:
@@ -256,12 +283,14 @@ class Engine:
             for row in rows:
                 row.stats.prefill_s = prefill_s
             while not all(row.done for row in rows):
+                t_step = time.perf_counter()
                 if drafter:
                     proposals = drafter.propose([r.tokens for r in rows], [r.generator for r in rows])
                 else:
                     proposals = [Proposal.root_only(row.tokens[-1]) for row in rows]
+                drafted = [len(p.tree) for p in proposals]
                 t_fwd = time.perf_counter()
-                logits = self._verify_forward([p.tree for p in proposals], cache)
+                proposals, logits, hidden, slot_maps = self._verify(proposals, cache, gen)
                 if logits.device.type == "cuda":
                     torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
                 t_fwd = time.perf_counter() - t_fwd
@@ -271,16 +300,20 @@ class Engine:
                         continue
                     accepted = [prop.tree.tokens[n] for n in verdict.nodes[1:]]
                     committed = self._append(row, accepted + [verdict.bonus], gen)
-                    cache.commit(b, verdict.nodes[: len(committed)])  # EOS / budget may cut the path
+                    nodes = verdict.nodes[: len(committed)]  # EOS / budget may cut the path
+                    cache.commit(b, [slot_maps[b][n] for n in nodes] if slot_maps else nodes)
                     if drafter:
-                        drafter.commit(b, accepted, verdict.bonus)
+                        drafter.commit(b, accepted, verdict.bonus, hidden[b, verdict.nodes[-1]])
                     row.stats.steps += 1
                     row.stats.target_s += t_fwd
-                    row.stats.nodes += len(prop.tree)
+                    row.stats.nodes += drafted[b]
+                    row.stats.verified += len(prop.tree)
                     row.stats.record(max(prop.tree.depths), len(accepted))
                     if row.done:
                         row.stats.wall_s = time.perf_counter() - start
                     yield StepEvent(b, committed)
+                if drafter is not None and hasattr(drafter, "step_done"):
+                    drafter.step_done(len(rows) * max(len(p.tree) for p in proposals), time.perf_counter() - t_step)
 
     def _prefill(self, rows: list[Row], cache) -> None:
         """Put every token but the root of each row into the cache (right-padded batch)."""
@@ -298,21 +331,40 @@ class Engine:
         for b, n in enumerate(lengths):
             cache.advance(b, n)
 
-    def _verify_forward(self, trees, cache) -> torch.Tensor:
-        """One target pass over every row's tree: logits [batch, width, vocab]."""
+    def _verify(self, proposals: list[Proposal], cache, gen: GenerationConfig):
+        """One target pass over every row's tree (pruned inside the pass for ProPD).
+
+        Returns the proposals as verified, logits [batch, width, vocab], final-normed hidden
+        states [batch, width, hidden], and per row the scratch slot of each verified node
+        (None when no node was dropped: node i is slot i).
+        """
+        heads = self.heads
+        if gen.spec.prune and heads is not None and heads.early is not None and max(len(p.tree) for p in proposals) > 1:
+            return pruned_pass(self.model, heads.early, heads.early_layer, gen.spec.prune_topk, proposals, cache)
+        logits, hidden = self._verify_forward([p.tree for p in proposals], cache)
+        return proposals, logits, hidden, None
+
+    def _verify_forward(self, trees, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target pass: logits [batch, width, vocab], normed hidden [batch, width, hidden]."""
         width = max(len(t) for t in trees)
         rows = [ScratchTree.from_tree(t, width) for t in trees]
         tokens, pos, mask = pass_tensors(rows, 0, width, cache.lengths)
         dev = self.device
-        return self.model(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), cache)
+        h = self.model.hidden(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), cache)
+        hn = self.model.norm(h)
+        return self.model.lm_head(hn), hn
 
     def _accept(self, proposals: list[Proposal], logits: torch.Tensor, rows: list[Row],
                 gen: GenerationConfig) -> list[Verdict]:
         if gen.sampling.greedy:
             target_next = logits.argmax(-1).tolist()  # host sync: the loop needs the tokens
             return [accept_greedy(p.tree, nxt) for p, nxt in zip(proposals, target_next)]
-        rule = accept_mss if gen.spec.acceptor == "mss" else accept_naive
         logits = logits.float()
+        if gen.spec.acceptor == "typical":
+            eps, delta = gen.spec.typical_epsilon, gen.spec.typical_delta
+            return [accept_typical(p, logits[b, : len(p.tree)], gen.sampling, eps, delta, row.generator)
+                    for b, (p, row) in enumerate(zip(proposals, rows))]
+        rule = accept_mss if gen.spec.acceptor == "mss" else accept_naive
         return [rule(p, logits[b, : len(p.tree)], gen.sampling, row.generator)
                 for b, (p, row) in enumerate(zip(proposals, rows))]
 
@@ -383,7 +435,7 @@ def _as_batch(prompts) -> tuple[bool, list]:
 
 
 def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str = "cpu",
-         drafts: list[str | Path] = ()) -> Engine:
+         drafts: list[str | Path] = (), heads: str | Path | None = None) -> Engine:
     """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
     ``specinfer``) into an ``Engine``.
 
@@ -401,4 +453,6 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
     model = load_model(model_dir, dtype, device)
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
     engine.load_drafts(list(drafts))
+    if heads is not None:
+        engine.load_heads(heads)
     return engine

@@ -13,9 +13,9 @@ from paradec.errors import ParadecError
 ZOO = Path(__file__).resolve().parent.parent / "zoo"
 
 
-def bundled(name: str = "target") -> Path:
+def bundled(name: str = "target", marker: str = "config.json") -> Path:
     path = ZOO / name
-    if not (path / "config.json").is_file():
+    if not (path / marker).is_file():
         raise ParadecError(f"the bundled model {name!r} is not at {path}; install paradec from its source "
                            "checkout (pip install -e .) or pass --model PATH")
     return path

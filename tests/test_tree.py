@@ -42,7 +42,7 @@ def test_tree_logits_equal_path_logits(checkpoints):
     prompt = [5, 60, 7, 200, 31, 10]  # the last token is the root
     with torch.inference_mode():
         cache = _prefill(engine, prompt)
-        tree_logits = engine._verify_forward([TREE], cache)[0]  # [nodes, vocab]
+        tree_logits = engine._verify_forward([TREE], cache)[0][0]  # [nodes, vocab]
         for path in TREE.leaf_paths():
             seq = torch.tensor([prompt[:-1] + [TREE.tokens[i] for i in path]])
             ref = engine.model(seq)[0, len(prompt) - 1:]
@@ -58,7 +58,7 @@ def test_commit_path_then_step_equals_fresh_prefill(checkpoints):
         engine._verify_forward([TREE], cache)
         cache.commit(0, path[:-1])  # keep root, 2, 7; node 8 becomes the new root
         root = TREE.tokens[path[-1]]
-        after = engine._verify_forward([TokenTree.root_only(root)], cache)[0, 0]
+        after = engine._verify_forward([TokenTree.root_only(root)], cache)[0][0, 0]
         seq = prompt[:-1] + [TREE.tokens[i] for i in path]
         fresh = engine.model(torch.tensor([seq]))[0, -1]
     assert cache.lengths == [len(seq) - 1]
@@ -73,8 +73,8 @@ def test_batched_trees_do_not_see_each_other(checkpoints):
         cache = engine.model.new_cache(2, 64)
         rows = [paradec.engine.Row(list(p), len(p), None, None) for p in prompts]
         engine._prefill(rows, cache)
-        both = engine._verify_forward(trees, cache)
+        both = engine._verify_forward(trees, cache)[0]
         for b, (p, t) in enumerate(zip(prompts, trees)):
             solo_cache = _prefill(engine, p)
-            solo = engine._verify_forward([t], solo_cache)[0]
+            solo = engine._verify_forward([t], solo_cache)[0][0]
             assert (both[b, : len(t)] - solo).abs().max() <= 1e-4

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from paradec.draft.base import DraftTree, Draw, Proposal, merge
+from paradec.draft.heads import HeadDrafter
 from paradec.draft.model import ModelDrafter
 from paradec.draft.ngram import NgramDrafter
 
-__all__ = ["DraftTree", "Draw", "ModelDrafter", "NgramDrafter", "Proposal", "TreeDrafter", "merge"]
+__all__ = ["DraftTree", "Draw", "HeadDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "TreeDrafter", "merge"]
 
 
 class TreeDrafter:
@@ -36,6 +37,6 @@ class TreeDrafter:
             out.append(merge(seq[-1], drafts))
         return out
 
-    def commit(self, row: int, accepted: list[int], bonus: int) -> None:
+    def commit(self, row: int, accepted: list[int], bonus: int, hidden=None) -> None:
         for m in self.models:
             m.commit(row, accepted, bonus)

@@ -123,7 +123,7 @@ class ModelDrafter:
             out.append([(i, tok, q[b, i]) for i, toks in enumerate(draws) for tok in toks])
         return out
 
-    def commit(self, row: int, accepted: list[int], bonus: int) -> None:
+    def commit(self, row: int, accepted: list[int], bonus: int, hidden=None) -> None:
         """The target kept ``accepted`` (draft tokens after the root) and added ``bonus``."""
         tree = self.trees[row]
         kids: dict[tuple[int, int], int] = {}

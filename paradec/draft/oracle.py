@@ -32,7 +32,7 @@ class OracleDrafter:
     def begin(self, prompts: list[list[int]], max_len: int) -> None:
         pass
 
-    def commit(self, row: int, accepted: list[int], bonus: int) -> None:
+    def commit(self, row: int, accepted: list[int], bonus: int, hidden=None) -> None:
         pass
 
     def _true(self, row: int, pos: int) -> int | None:

@@ -42,17 +42,27 @@ class KVCache:
         """Number of key slots a pass with ``n_new`` tokens per row attends over."""
         return max(self.starts()) + n_new
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+              slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new rows k, v [batch, kv_heads, n, head_dim] after each row's prefix.
 
-        Returns the keys/values to attend over, [batch, kv_heads, span(n), head_dim]. Which of
-        those slots a query may see is the mask's business (``paradec.tree.attention_mask``).
+        By default they go to the next n scratch slots; ``slots`` [batch, n] (scratch indices)
+        places them anywhere in the scratch instead (a pass over a pruned subset of a tree).
+        Returns the keys/values to attend over, [batch, kv_heads, span, head_dim]. Which of
+        those slots a query may see is the mask's business (``paradec.tree.pass_tensors``).
         """
         n = k.shape[2]
+        ks, vs = self.keys[layer], self.values[layer]
+        if slots is not None:
+            end = max(self.lengths) + int(slots.max()) + 1 if slots.numel() else max(self.lengths)
+            for b, length in enumerate(self.lengths):
+                idx = slots[b] + length
+                ks[b].index_copy_(1, idx, k[b])
+                vs[b].index_copy_(1, idx, v[b])
+            return ks[:, :, :end], vs[:, :, :end]
         end = self.span(n)
         if end > self.max_len:
             raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
-        ks, vs = self.keys[layer], self.values[layer]
         starts = self.starts()
         first = starts[0]
         if all(start == first for start in starts):

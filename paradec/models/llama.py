@@ -63,8 +63,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
-        # x: [batch, n, hidden]; cos/sin: [batch, 1, n, head_dim]; mask: [batch, 1, n, span] bool
+                mask: torch.Tensor | None, cache: KVCache | None, slots: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [batch, n, hidden]; cos/sin: [batch, 1, n, head_dim]; mask: [batch, 1, n, span] bool;
+        # slots: [batch, n] scratch slot of each token (None: the next n)
         b, n, _ = x.shape
         q, k, v = self.wqkv(x).split(
             [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], -1)
@@ -76,7 +77,7 @@ class Attention(nn.Module):
         if cache is None:  # training / plain causal pass over the whole sequence
             causal = mask is None
         else:
-            k, v = cache.write(self.layer, k, v)  # [batch, kv_heads, span, head_dim]
+            k, v = cache.write(self.layer, k, v, slots)  # [batch, kv_heads, span, head_dim]
             causal = False
         gqa = self.n_kv != self.n_heads
         if gqa and x.device.type == "cpu" and mask is not None:
@@ -108,8 +109,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, cache):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
+    def forward(self, x, cos, sin, mask, cache, slots=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, slots)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -139,14 +140,16 @@ class Transformer(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def hidden(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-               cache: KVCache | None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+               cache: KVCache | None, start: int = 0, stop: int | None = None,
+               slots: torch.Tensor | None = None) -> torch.Tensor:
         """Run layers [start, stop) on x: token ids [batch, n] when start == 0, else hidden
-        states [batch, n, hidden]. Returns hidden states [batch, n, hidden] (not normed)."""
+        states [batch, n, hidden]. Returns hidden states [batch, n, hidden] (not normed).
+        ``slots`` [batch, n]: the scratch slot of each token's K/V (default: the next n)."""
         if start == 0:
             x = self.embed(x)
         cos, sin = self.rope(positions, x.dtype)
         for block in self.layers[start:stop]:
-            x = block(x, cos, sin, mask, cache)
+            x = block(x, cos, sin, mask, cache, slots)
         return x
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

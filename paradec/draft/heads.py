@@ -1,0 +1,77 @@
+"""Medusa-style drafting: heads on the target's last hidden state propose a rank-path tree.
+
+After each verification pass the engine hands over the final hidden state of the last
+accepted node (whose LM-head argmax is the bonus, i.e. the next root). Head k's top-R
+guesses fill depth k+1 of the next tree; which (depth, rank) paths are used comes from the
+``TreePolicy`` (a fixed size for Medusa, a size chosen each step for ProPD). The first step
+after prefill has no hidden state yet and verifies the root alone.
+
+Children are deterministic guesses, proposed as point masses (q = None): greedy acceptance
+is exact, and so is multi-step speculative sampling (on rejection it removes the guess from p).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paradec.draft.base import DraftTree, Proposal, merge
+from paradec.models.heads import Heads
+from paradec.policy import TreePolicy
+
+
+class HeadDrafter:
+    def __init__(self, heads: Heads, lm_head: torch.nn.Linear, policy: TreePolicy, max_rank: int = 8) -> None:
+        self.heads, self.lm_head, self.policy = heads, lm_head, policy
+        self.max_rank = max_rank
+        self.hidden: list[torch.Tensor | None] = []
+        self.guesses: list[list[list[int]] | None] = []  # [row][depth][rank] of the last proposal
+        self.max_depth = len(heads.medusa.blocks)
+
+    @property
+    def max_nodes(self) -> int:
+        return 64
+
+    def begin(self, prompts: list[list[int]], max_len: int) -> None:
+        self.hidden = [None] * len(prompts)
+        self.guesses = [None] * len(prompts)
+
+    def propose(self, sequences: list[list[int]], generators) -> list[Proposal]:
+        live = [b for b, h in enumerate(self.hidden) if h is not None]
+        out = [Proposal.root_only(seq[-1]) for seq in sequences]
+        self.guesses = [None] * len(sequences)
+        if not live:
+            return out
+        n = self.policy.choose(len(sequences))
+        paths = self.policy.paths(n)
+        if not paths:
+            return out
+        hn = torch.stack([self.hidden[b] for b in live])  # [live, hidden]
+        with torch.inference_mode():
+            logits = self.heads.medusa(hn, self.lm_head)  # [live, heads, vocab]
+            # every head's top-R, also past this tree's depth: the online statistics need them
+            top = logits.topk(self.max_rank, dim=-1).indices.tolist()  # host sync: trees are built on the host
+        for i, b in enumerate(live):
+            guesses = top[i]
+            self.guesses[b] = guesses
+            draft = DraftTree([sequences[b][-1]], [-1], [None])
+            node_of = {(): 0}
+            for path in paths:
+                draft.tokens.append(guesses[len(path) - 1][path[-1]])
+                draft.parents.append(node_of[path[:-1]])
+                draft.q.append(None)
+                node_of[path] = len(draft.tokens) - 1
+            out[b] = merge(sequences[b][-1], [draft])
+        return out
+
+    def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None:
+        """Record where the target's tokens ranked among the heads' guesses, keep ``hidden``."""
+        guesses = self.guesses[row]
+        if guesses is not None:
+            actual = accepted + [bonus]
+            for d in range(min(len(actual), len(guesses))):
+                row_guesses = guesses[d]
+                self.policy.stats.observe(d, row_guesses.index(actual[d]) if actual[d] in row_guesses else None)
+        self.hidden[row] = hidden
+
+    def step_done(self, tokens_verified: int, seconds: float) -> None:
+        self.policy.latency.observe(tokens_verified, seconds)

@@ -1,0 +1,5 @@
+"""ProPD's dynamic token tree: online acceptance statistics, a latency model, the size choice."""
+
+from paradec.policy.dynamic import LatencyModel, RankStats, TreePolicy
+
+__all__ = ["LatencyModel", "RankStats", "TreePolicy"]

@@ -1,0 +1,107 @@
+"""Dynamic token tree generation (ProPD §1.4, papers.md): each step, the tree size that
+maximizes expected tokens per second for the current batch.
+
+- ``RankStats``: P(the target's token at depth d is head d's rank-r guess), updated online from
+  what the target produced, with exponential forgetting (recent steps weigh more).
+- ``LatencyModel``: weighted least squares of step time on verified tokens (batch x nodes),
+  recent measurements weighing more.
+- ``TreePolicy``: for each candidate size n, the tree is the top-n rank paths by score (always
+  a valid tree); expected tokens per step = 1 + sum of node scores; choose
+  argmax_n batch * E(n) / T(batch * (n + 1)).
+"""
+
+from __future__ import annotations
+
+import random
+
+from paradec.tree.builders import expected_accepted, top_paths
+
+SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+class RankStats:
+    def __init__(self, prior: list[list[float]], decay: float = 0.98, prior_weight: float = 20.0) -> None:
+        self.depth, self.ranks = len(prior), len(prior[0])
+        self.decay = decay
+        # weighted hit counts per (depth, rank) and weighted trials per depth
+        self.hits = [[p * prior_weight for p in row] for row in prior]
+        self.trials = [prior_weight] * self.depth
+
+    def observe(self, depth: int, rank: int | None) -> None:
+        """At ``depth`` (0-based) the target's token was the head's ``rank`` guess (None: none)."""
+        self.hits[depth] = [h * self.decay for h in self.hits[depth]]
+        self.trials[depth] = self.trials[depth] * self.decay + 1.0
+        if rank is not None and rank < self.ranks:
+            self.hits[depth][rank] += 1.0
+
+    def probs(self) -> list[list[float]]:
+        out = []
+        for hits, trials in zip(self.hits, self.trials):
+            row = [min(1.0, h / trials) for h in hits]
+            for r in range(1, len(row)):  # keep ranks monotone, so top-n by score is a tree
+                row[r] = min(row[r], row[r - 1])
+            out.append(row)
+        return out
+
+
+class LatencyModel:
+    """seconds ~= a + b * tokens, refit on exponentially weighted samples."""
+
+    def __init__(self, decay: float = 0.97, a: float = 0.0, b: float = 0.0) -> None:
+        self.decay = decay
+        self.a, self.b = a, b
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        d = self.decay
+        self.sw, self.sx, self.sy = self.sw * d + 1, self.sx * d + tokens, self.sy * d + seconds
+        self.sxx, self.sxy = self.sxx * d + tokens * tokens, self.sxy * d + tokens * seconds
+        var = self.sw * self.sxx - self.sx * self.sx
+        if self.sw >= 2 and var > 1e-9 * max(1.0, self.sw * self.sxx):
+            b = (self.sw * self.sxy - self.sx * self.sy) / var
+            self.b = max(b, 0.0)
+            self.a = max((self.sy - self.b * self.sx) / self.sw, 1e-6)
+        elif self.sw > 0:
+            self.a = self.sy / self.sw
+
+    def predict(self, tokens: float) -> float:
+        return self.a + self.b * tokens
+
+    @property
+    def ready(self) -> bool:
+        return self.sw >= 4 and self.a > 0
+
+
+class TreePolicy:
+    """Chooses the rank paths of the next tree. ``static_nodes`` fixes the size (Medusa)."""
+
+    def __init__(self, prior: list[list[float]], static_nodes: int | None = None,
+                 explore_every: int = 32, seed: int = 0) -> None:
+        self.stats = RankStats(prior)
+        self.latency = LatencyModel()
+        self.static_nodes = static_nodes
+        self.explore_every = explore_every
+        self.rng = random.Random(seed)
+        self.steps = 0
+        self.probe = [1, 8, 32, 4, 16, 64, 2]  # sizes tried first, to fit the latency model
+
+    def choose(self, batch: int) -> int:
+        """Number of draft nodes for the next step."""
+        if self.static_nodes is not None:
+            return self.static_nodes
+        self.steps += 1
+        if self.probe:
+            return self.probe.pop(0)
+        if self.steps % self.explore_every == 0:
+            return self.rng.choice(SIZES[1:])
+        probs = self.stats.probs()
+        best, best_rate = 0, 0.0
+        for n in SIZES:
+            e = 1.0 + expected_accepted(probs, top_paths(probs, n))
+            rate = batch * e / self.latency.predict(batch * (n + 1))
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
+
+    def paths(self, n: int) -> list[tuple[int, ...]]:
+        return top_paths(self.stats.probs(), n)

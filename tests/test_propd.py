@@ -1,0 +1,142 @@
+"""Medusa and ProPD: greedy identical to ar (pruning on/off, static/dynamic trees, batch 1/4),
+sampling distributed as ar, the pruned pass against a full pass, and the cost model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import paradec
+from conftest import PROMPTS
+from paradec.config import SamplingConfig
+from paradec.draft import Proposal, merge
+from paradec.draft.base import DraftTree
+from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
+from paradec.policy import LatencyModel, TreePolicy
+from paradec.sampling import probs
+from paradec.tree.builders import top_paths
+from paradec.verify.prune import prune_proposal, pruned_pass
+
+PROMPTS4 = PROMPTS + ["class Stack:\n    def push(self, item):"]
+N_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def heads_dir(tmp_path_factory, llama_dir):
+    torch.manual_seed(0)
+    engine = paradec.load(llama_dir, dtype="fp32")
+    d = engine.model.config.hidden_size
+    medusa, early = MedusaHeads(d, 3), EarlyHead(d, 1e-6)
+    for p in list(medusa.parameters()) + list(early.block.parameters()):
+        torch.nn.init.normal_(p, std=0.3)  # random heads: any tree must still give ar's tokens
+    rank = [[0.4, 0.2, 0.1, 0.05], [0.3, 0.15, 0.08, 0.04], [0.2, 0.1, 0.05, 0.02]]
+    out = tmp_path_factory.mktemp("heads") / "heads"
+    save_heads(Heads(medusa, early, 1, {"rank_accuracy": rank, "tree_nodes": 10}), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(llama_dir, heads_dir):
+    return paradec.load(llama_dir, dtype="fp32", heads=heads_dir)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(engine):
+    return [g.token_ids for g in engine.generate(PROMPTS4, max_new_tokens=N_NEW, ignore_eos=True)]
+
+
+@pytest.mark.parametrize("opts", [dict(method="medusa"), dict(method="medusa", tree_nodes=30),
+                                  dict(method="propd"), dict(method="propd", prune=False),
+                                  dict(method="propd", dynamic=False), dict(method="propd", prune_topk=64)])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_identical_to_ar(engine, ar_tokens, opts, batch):
+    if batch == 1:
+        out = [engine.generate(p, max_new_tokens=N_NEW, ignore_eos=True, **opts) for p in PROMPTS4]
+    else:
+        out = engine.generate(PROMPTS4, max_new_tokens=N_NEW, ignore_eos=True, **opts)
+    assert [g.token_ids for g in out] == ar_tokens
+    if opts.get("prune", opts["method"] == "propd"):
+        assert sum(g.stats.verified for g in out) < sum(g.stats.nodes for g in out)  # pruning pruned
+
+
+def test_pruned_pass_equals_full_pass_over_pruned_tree(engine):
+    prompt = engine.tokenizer.encode(PROMPTS4[1])
+    draft = DraftTree([prompt[-1], 5, 6, 7, 8, 9, 10, 11], [-1, 0, 0, 1, 1, 2, 4, 5], [None] * 8)
+    prop = merge(prompt[-1], [draft])
+    with torch.inference_mode():
+        cache = engine.model.new_cache(1, 64)
+        engine._prefill([paradec.engine.Row(list(prompt), len(prompt), None, None)], cache)
+        pruned, logits, _, slots = pruned_pass(engine.model, engine.heads.early, 1, 256, [prop], cache)
+        kept = pruned[0].tree
+        assert 1 < len(kept) < len(prop.tree)  # the test needs a partial pruning
+        fresh = engine.model.new_cache(1, 64)
+        engine._prefill([paradec.engine.Row(list(prompt), len(prompt), None, None)], fresh)
+        full, _ = engine._verify_forward([kept], fresh)
+    assert (logits[0, : len(kept)] - full[0]).abs().max() <= 1e-4
+    assert [prop.tree.tokens[s] for s in slots[0]] == list(kept.tokens)
+
+
+def test_prune_proposal_drops_subtrees():
+    prop = merge(0, [DraftTree([0, 1, 2, 3], [-1, 0, 1, 0], [None] * 4)])
+    pruned, survivors = prune_proposal(prop, [True, False, True, True])
+    assert survivors == [0, 3] and pruned.tree.tokens == (0, 3) and pruned.tree.parents == (-1, 0)
+
+
+@pytest.mark.parametrize("method", ["medusa", "propd"])
+def test_sampling_matches_target_joint(engine, method):
+    cfg = SamplingConfig(temperature=0.15, top_k=3)
+    prompt = engine.tokenizer.encode("def f(x):")
+    with torch.inference_mode():
+        p1 = probs(engine.model(torch.tensor([prompt]))[0, -1], cfg)
+        exact = {}
+        for t1 in p1.nonzero().flatten().tolist():
+            p2 = probs(engine.model(torch.tensor([prompt + [t1]]))[0, -1], cfg)
+            for t2 in p2.nonzero().flatten().tolist():
+                exact[(t1, t2, )] = float(p1[t1] * p2[t2])
+    torch.manual_seed(0)
+    n, counts = 1600, {}
+    for _ in range(n // 200):
+        for g in engine.generate([prompt] * 200, max_new_tokens=3, temperature=0.15, top_k=3,
+                                 ignore_eos=True, method=method):
+            key = tuple(g.token_ids[:2])
+            counts[key] = counts.get(key, 0) + 1
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in set(counts) | set(exact))
+    assert tv < 0.5 * math.sqrt(9 / n) + 0.02
+
+
+def test_latency_model_recovers_linear_cost():
+    lat = LatencyModel(decay=0.99)
+    for i in range(60):
+        tokens = [1, 4, 8, 16, 32, 64][i % 6]
+        lat.observe(tokens, 0.010 + 0.0005 * tokens)
+    assert lat.a == pytest.approx(0.010, rel=1e-3) and lat.b == pytest.approx(0.0005, rel=1e-3)
+    for _ in range(200):  # the cost changes; recent samples dominate
+        lat.observe(8, 0.030)
+        lat.observe(32, 0.030 + 0.002 * 24)
+    assert lat.b == pytest.approx(0.002, rel=0.05)
+
+
+def _chosen(prior, a, b, batch=1):
+    policy = TreePolicy(prior)
+    policy.probe = []
+    policy.explore_every = 10**9
+    policy.latency = LatencyModel(a=a, b=b)
+    return policy.choose(batch)
+
+
+def test_tree_size_moves_the_right_way():
+    good = [[0.8, 0.1, 0.05, 0.02]] * 4
+    poor = [[0.2, 0.1, 0.05, 0.02]] * 4
+    cheap, dear = _chosen(good, 0.010, 0.00002), _chosen(good, 0.010, 0.001)
+    assert cheap > dear  # verifying costs more per token -> a smaller tree
+    assert _chosen(good, 0.010, 0.0003) >= _chosen(poor, 0.010, 0.0003)  # worse acceptance -> not larger
+    assert _chosen(good, 0.010, 0.0003, batch=1) >= _chosen(good, 0.010, 0.0003, batch=8)  # bigger batch
+
+
+def test_top_paths_is_a_tree_of_best_scores():
+    paths = top_paths([[0.6, 0.2], [0.5, 0.1]], 3)
+    assert paths == [(0,), (0, 0), (1,)]
+    paths = top_paths([[0.5, 0.3, 0.1]] * 3, 10)
+    assert all(p[:-1] in paths or len(p) == 1 for p in paths)
