@@ -101,6 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
     b.add_argument("--out", required=True, help="directory for results.json, results.md, *.png")
 
+    a = sub.add_parser("aspd", help="ASPD tools")
+    asub = a.add_subparsers(dest="what", required=True, parser_class=_Parser)
+    ae = asub.add_parser("extract", help="find independent segments in answers (jsonl in, jsonl out + stats)")
+    ae.add_argument("input")
+    ae.add_argument("output")
+    ae.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the independence judge")
+    ae.add_argument("--judge-model", default="gpt-4o")
+    ae.add_argument("--tokenizer", default=None, help="count tokens with this HF tokenizer (default: words)")
+
     t = sub.add_parser("train", help="training recipes for the zoo (resumable)")
     tsub = t.add_subparsers(dest="what", required=True, parser_class=_Parser)
     tt = tsub.add_parser("tokenizer", help="byte-level BPE on the stdlib source")
@@ -228,6 +237,20 @@ def cmd_bench(args: argparse.Namespace) -> None:
     print(write_outputs(result, args.out))
 
 
+def cmd_aspd(args: argparse.Namespace) -> None:
+    from paradec.parallel.pipeline import extract_file, make_judge
+
+    judge = make_judge(args.judge_url, args.judge_model) if args.judge_url else None
+    count = None
+    if args.tokenizer:
+        from paradec.engine import load_tokenizer
+        from pathlib import Path
+
+        hf = load_tokenizer(Path(args.tokenizer), ()).hf
+        count = lambda s: len(hf(s, add_special_tokens=False).input_ids)  # noqa: E731
+    print(json.dumps(extract_file(args.input, args.output, judge, count)))
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from paradec.demo import run_demo
 
@@ -236,7 +259,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(args.max_new_tokens, args.dtype)
 
 
-COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench}
+COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "aspd": cmd_aspd}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,1 @@
+"""ASPD: independent segments of an answer — their extraction, markup, and (later) decoding."""

@@ -1,0 +1,53 @@
+"""The ASPD text format (papers.md §3.3), one group at a time:
+
+    serial <|title|>T1<|/title|><|title|>T2<|/title|><|para|><|branch|>T1: c1<|/branch|><|branch|>T2: c2<|/branch|><|/para|> serial
+
+Titles come first (the plan), then each branch restates its title and ": ". Here a branch's
+content keeps the whitespace that separated it from the next branch, so removing the markup
+(titles, markers, "T: " prefixes) and concatenating gives back the original text exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH = (
+    "<|title|>", "<|/title|>", "<|para|>", "<|/para|>", "<|branch|>", "<|/branch|>")
+
+
+@dataclass(frozen=True)
+class Branch:
+    title: str
+    start: int  # character span [start, end) in the original text, trailing separator included
+    end: int
+
+
+@dataclass(frozen=True)
+class Group:
+    branches: tuple[Branch, ...]
+    kind: str  # "code" | "list" | "section"
+
+
+def mark_up(text: str, groups: list[Group]) -> str:
+    """``text`` with every group (non-overlapping, in order) serialized in the ASPD format."""
+    out, pos = [], 0
+    for g in sorted(groups, key=lambda g: g.branches[0].start):
+        out.append(text[pos: g.branches[0].start])
+        out.append("".join(f"{TITLE}{b.title}{END_TITLE}" for b in g.branches) + PARA)
+        out.append("".join(f"{BRANCH}{b.title}: {text[b.start:b.end]}{END_BRANCH}" for b in g.branches))
+        out.append(END_PARA)
+        pos = g.branches[-1].end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+_TITLES = re.compile(re.escape(TITLE) + r".*?" + re.escape(END_TITLE), re.S)
+_BRANCH = re.compile(re.escape(BRANCH) + r"(.*?): (.*?)" + re.escape(END_BRANCH), re.S)
+
+
+def strip_markup(marked: str) -> str:
+    """Plain text for users: titles and markers dropped, branches joined in order."""
+    text = _TITLES.sub("", marked)
+    text = _BRANCH.sub(lambda m: m.group(2), text)
+    return text.replace(PARA, "").replace(END_PARA, "")
