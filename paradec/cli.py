@@ -220,16 +220,19 @@ def _bench_methods() -> tuple[str, ...]:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from paradec.bench.harness import BenchConfig, run_bench, write_outputs
-    from paradec.zoo import bundled, bundled_drafts
+    from paradec.zoo import bundled, bundled_drafts, bundled_or_none
 
-    model, drafts = args.model, args.draft
+    model, drafts, heads = args.model, args.draft, args.heads
     if model is None:
         model = bundled("target")
         drafts = drafts or bundled_drafts()
+        if heads is None and (bundled_heads := bundled_or_none("heads", "heads.json")):
+            heads = str(bundled_heads)
     if args.limit is not None and args.limit < 1:
         raise ParadecError("--limit must be >= 1")
     cfg = BenchConfig(model=str(model), methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
-                      prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts), limit=args.limit,
+                      prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts), heads=heads,
+                      limit=args.limit,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
                       seed=args.seed, stop_at_eos=args.stop_at_eos)

@@ -14,19 +14,22 @@ from importlib.resources import files
 import paradec
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import markdown_table
-from paradec.zoo import bundled, bundled_drafts
+from paradec.zoo import bundled, bundled_drafts, bundled_or_none
 
-METHODS = {"ar": {}, "specinfer": {"method": "specinfer"}, "specinfer+ngram": {"method": "specinfer", "with_ngram": True},
-           "pld": {"method": "pld"}}
+METHODS = {"ar": {}, "specinfer": {"method": "specinfer"}, "pld": {"method": "pld"},
+           "medusa": {"method": "medusa"}, "propd": {"method": "propd"}}
 
 
 def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", out=sys.stdout) -> list[dict]:
-    engine = paradec.load(bundled("target"), dtype=dtype, drafts=bundled_drafts())
+    engine = paradec.load(bundled("target"), dtype=dtype, drafts=bundled_drafts(),
+                          heads=bundled_or_none("heads", "heads.json"))
     prompts = load_prompts(files("paradec") / "data" / "demo_prompts.jsonl")
-    methods = METHODS if engine.drafts else {k: v for k, v in METHODS.items() if "specinfer" not in k}
+    methods = {k: v for k, v in METHODS.items()
+               if (k != "specinfer" or engine.drafts) and (k not in ("medusa", "propd") or engine.heads)}
     engine.generate(prompts[0].text, max_new_tokens=4)  # warm-up
     rows = []
-    print(f"paradec demo: bundled target + {len(engine.drafts)} SSMs, {dtype}, greedy, "
+    print(f"paradec demo: bundled target + {len(engine.drafts)} SSMs + {'heads' if engine.heads else 'no heads'}, "
+          f"{dtype}, greedy, "
           f"{max_new_tokens} new tokens per prompt\n", file=out)
     for p in prompts:
         print("=" * 72 + "\n" + p.text, end="", file=out)

@@ -24,3 +24,8 @@ def bundled(name: str = "target", marker: str = "config.json") -> Path:
 def bundled_drafts() -> list[Path]:
     """The boost-tuned SSM pool, in training order (ssm1 first)."""
     return sorted(p for p in ZOO.glob("ssm*") if (p / "config.json").is_file())
+
+
+def bundled_or_none(name: str, marker: str = "config.json") -> Path | None:
+    path = ZOO / name
+    return path if (path / marker).is_file() else None

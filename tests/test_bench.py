@@ -6,18 +6,27 @@ import json
 import subprocess
 import sys
 
+import torch
+
 from paradec.bench.harness import METHODS
+from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.bench.prompts import load_prompts
 from paradec.testing import make_checkpoint
 
 
 def test_bench_every_method(tmp_path, llama_dir, tokenizer):
     draft = make_checkpoint(tmp_path / "draft", tokenizer=tokenizer, seed=21, num_layers=1)
+    torch.manual_seed(0)
+    medusa, early = MedusaHeads(64, 2), EarlyHead(64, 1e-6)
+    for p in list(medusa.parameters()) + list(early.block.parameters()):
+        torch.nn.init.normal_(p, std=0.3)
+    save_heads(Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1]], "tree_nodes": 4}), tmp_path / "heads")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in
                                  enumerate([("code", "def add(a, b):"), ("prose", "The quick brown fox")])))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--draft", str(draft),
+                           "--heads", str(tmp_path / "heads"),
                            "--methods", ",".join(METHODS), "--prompts", str(prompts), "--max-new-tokens", "16",
                            "--dtype", "fp32", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -28,7 +37,8 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):
         assert rec["new_tokens"] == 16 and rec["tokens_per_s"] > 0 and rec["identical_to_ar"] is True
     overall = {r["method"]: r for r in result["summary"] if r["category"] == "all"}
     assert set(overall) == set(METHODS)
-    for m in ("ar", "specinfer", "specinfer+ngram", "pld", "oracle"):
+    for m in ("ar", "specinfer", "specinfer+ngram", "pld", "oracle", "medusa", "medusa+prune", "medusa+dynamic",
+              "propd"):
         assert overall[m]["identical_to_ar"] == 1.0 and overall[m]["tau"] >= 1.0
     assert overall["oracle"]["tau"] > 4  # a perfect 8-deep chain commits ~9 tokens per pass
     assert {"code", "prose"} <= {r["category"] for r in result["summary"]}

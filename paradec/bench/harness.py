@@ -25,7 +25,12 @@ from paradec.draft.oracle import OracleDrafter
 from paradec.errors import ParadecError
 
 PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
-           "specinfer+ngram": {"method": "specinfer", "with_ngram": True}, "pld": {"method": "pld"}}
+           "specinfer+ngram": {"method": "specinfer", "with_ngram": True}, "pld": {"method": "pld"},
+           "medusa": {"method": "medusa"},  # static rank-path tree
+           "medusa+prune": {"method": "propd", "dynamic": False},  # ablations of ProPD
+           "medusa+dynamic": {"method": "propd", "prune": False},
+           "propd": {"method": "propd"}}
+NEEDS_HEADS = ("medusa", "medusa+prune", "medusa+dynamic", "propd")
 HF = ("hf", "hf-assisted", "hf-pld")
 METHODS = (*PARADEC, "oracle", *HF)
 
@@ -37,6 +42,7 @@ class BenchConfig:
     prompts: str
     out: str
     drafts: tuple[str, ...] = ()
+    heads: str | None = None
     limit: int | None = None
     max_new_tokens: int = 128
     batch_size: int = 1
@@ -56,6 +62,8 @@ class BenchConfig:
             raise ParadecError("--batch-size, --repeats and --max-new-tokens must be >= 1")
         if any(m in ("specinfer", "specinfer+ngram", "hf-assisted") for m in self.methods) and not self.drafts:
             raise ParadecError("specinfer and hf-assisted need a draft model; pass --draft PATH")
+        if any(m in NEEDS_HEADS for m in self.methods) and not self.heads:
+            raise ParadecError("medusa and propd need Medusa heads; pass --heads PATH")
 
 
 class Runners:
@@ -63,7 +71,8 @@ class Runners:
 
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
-        self.engine = paradec.load(cfg.model, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts))
+        self.engine = paradec.load(cfg.model, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
+                                   heads=cfg.heads)
         self.hf = self.hf_draft = None
         if any(m in HF for m in cfg.methods):
             import transformers
@@ -162,6 +171,7 @@ def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], 
     if stats is not None:
         rec.update(tau=stats.tau, steps=stats.steps, accept_per_depth=stats.accept_per_depth,
                    nodes_per_step=stats.nodes / max(1, stats.steps),
+                   verified_per_step=stats.verified / max(1, stats.steps),
                    target_share=min(1.0, stats.target_s / wall), ms_per_step=1000 * wall / max(1, stats.steps))
     return rec
 
@@ -182,7 +192,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                 ratios = [r["tokens_per_s"] / by[(r["prompt_id"], base)]["tokens_per_s"]
                           for r in mine if (r["prompt_id"], base) in by]
                 row[f"speedup_vs_{base}"] = statistics.mean(ratios) if ratios else None
-            for key in ("tau", "nodes_per_step", "target_share", "ms_per_step"):
+            for key in ("tau", "nodes_per_step", "verified_per_step", "target_share", "ms_per_step"):
                 vals = [r[key] for r in mine if r.get(key) is not None]
                 row[key] = statistics.mean(vals) if vals else None
             depth = [r["accept_per_depth"] for r in mine if r.get("accept_per_depth")]
@@ -195,7 +205,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
 
 
 COLUMNS = ["category", "method", "prompts", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "tau",
-           "nodes_per_step", "target_share", "identical_to_ar"]
+           "nodes_per_step", "verified_per_step", "ms_per_step", "target_share", "identical_to_ar"]
 
 
 def write_outputs(result: dict, out_dir: str | Path) -> str:
