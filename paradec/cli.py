@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", default="ar,hf,pld", help="comma-separated: " + ", ".join(_bench_methods()))
     b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz) or text")
     b.add_argument("--limit", type=int, default=None)
+    b.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--temperature", type=float, default=0.0)
@@ -232,7 +233,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         raise ParadecError("--limit must be >= 1")
     cfg = BenchConfig(model=str(model), methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                       prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts), heads=heads,
-                      limit=args.limit,
+                      limit=args.limit, per_category=args.per_category,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
                       seed=args.seed, stop_at_eos=args.stop_at_eos)

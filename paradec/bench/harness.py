@@ -44,6 +44,7 @@ class BenchConfig:
     drafts: tuple[str, ...] = ()
     heads: str | None = None
     limit: int | None = None
+    per_category: int | None = None
     max_new_tokens: int = 128
     batch_size: int = 1
     temperature: float = 0.0
@@ -127,7 +128,7 @@ def _peak_mb() -> float:
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
-    prompts = load_prompts(cfg.prompts, cfg.limit)
+    prompts = load_prompts(cfg.prompts, cfg.limit, cfg.per_category)
     runners = Runners(cfg)
     methods = list(cfg.methods)
     if cfg.batch_size > 1 and any(m in ("hf-assisted", "hf-pld") for m in methods):

@@ -17,11 +17,12 @@ class Prompt:
     text: str
 
 
-def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
+def load_prompts(path: str | Path, limit: int | None = None, per_category: int | None = None) -> list[Prompt]:
     """Read prompts; the format is told by the file's records, not its name.
 
     jsonl records with ``turns`` (Spec-Bench, MT-bench: the first turn), or ``prompt``
-    (HumanEval); any other file is one prompt per non-empty line.
+    (HumanEval); any other file is one prompt per non-empty line. ``per_category`` keeps the
+    first k of each category (Spec-Bench orders questions by category), then ``limit`` applies.
     """
     path = Path(path)
     if not path.is_file():
@@ -50,8 +51,15 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
         else:
             raise ParadecError(f"{path}:{i + 1} has neither 'turns' nor 'prompt'; "
                                "use Spec-Bench question.jsonl or HumanEval format")
-        if limit and len(out) >= limit:
-            break
+    if per_category:
+        seen: dict[str, int] = {}
+        kept = []
+        for p in out:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= per_category:
+                kept.append(p)
+        out = kept
+    out = out[:limit] if limit else out
     if not out:
         raise ParadecError(f"prompt file {path} has no prompts")
     return out

@@ -1,0 +1,68 @@
+"""The bundled zoo: loads in paradec and transformers alike; every method on it is lossless."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import paradec
+from paradec.zoo import ZOO, bundled_drafts, bundled_or_none
+
+pytestmark = pytest.mark.skipif(not (ZOO / "target" / "config.json").is_file(), reason="zoo/ not present")
+
+PROMPTS = ['def median(values):\n    """Return the median of a list."""\n',
+           "import os\n\n\ndef walk_files(root):\n",
+           "class Counter:\n    def __init__(self):\n"]
+
+
+@pytest.mark.parametrize("name", ["target", "ssm1", "ssm2", "ssm3"])
+def test_zoo_logits_match_transformers(name):
+    from transformers import AutoModelForCausalLM
+
+    path = ZOO / name
+    if not (path / "config.json").is_file():
+        pytest.skip(f"{name} not in the zoo")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ours = paradec.load(path, dtype="fp32")
+    tokens = torch.tensor([ours.tokenizer.encode(PROMPTS[0] + PROMPTS[1])])
+    with torch.inference_mode():
+        assert (hf(tokens).logits - ours.model(tokens)).abs().max().item() <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def zoo_engine():
+    return paradec.load(ZOO / "target", dtype="fp32", drafts=bundled_drafts(),
+                        heads=bundled_or_none("heads", "heads.json"))
+
+
+@pytest.mark.parametrize("opts", [dict(method="specinfer"), dict(method="pld"), dict(method="medusa"),
+                                  dict(method="propd")])
+def test_bundled_methods_identical_to_ar(zoo_engine, opts):
+    if opts["method"] == "specinfer" and not zoo_engine.drafts or \
+            opts["method"] in ("medusa", "propd") and zoo_engine.heads is None:
+        pytest.skip("not in the zoo")
+    ar = zoo_engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)
+    out = zoo_engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True, **opts)
+    assert [g.token_ids for g in out] == [g.token_ids for g in ar]
+    assert sum(g.stats.steps for g in out) < sum(g.stats.steps for g in ar)  # trained drafts do help
+
+
+def test_generate_without_model_uses_the_bundled_target():
+    out = subprocess.run([sys.executable, "-m", "paradec", "generate", "--max-new-tokens", "8", "--json", PROMPTS[1]],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1])["new_tokens"] >= 1
+
+
+def test_demo_runs(capsys):
+    from paradec.demo import run_demo
+
+    summary = run_demo(max_new_tokens=12)
+    methods = {row["method"] for row in summary}
+    assert "ar" in methods and "pld" in methods
+    assert next(r for r in summary if r["method"] == "ar")["identical"] == "5/5"
+    assert "tau" in capsys.readouterr().out
