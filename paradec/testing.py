@@ -48,7 +48,7 @@ def make_checkpoint(out_dir: str | Path, family: str = "llama", vocab_size: int 
                     hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                     num_kv_heads: int | None = None, intermediate_size: int | None = None,
                     tie_word_embeddings: bool = False, seed: int = 0, init_std: float = 0.08,
-                    max_position_embeddings: int = 512, tokenizer=None) -> Path:
+                    max_position_embeddings: int = 512, tokenizer=None, **config_kwargs) -> Path:
     """Write a random-init ``family`` checkpoint + tokenizer to ``out_dir`` and return it."""
     import transformers
 
@@ -60,7 +60,7 @@ def make_checkpoint(out_dir: str | Path, family: str = "llama", vocab_size: int 
                   intermediate_size=intermediate_size or 3 * hidden_size,
                   tie_word_embeddings=tie_word_embeddings, initializer_range=init_std,
                   max_position_embeddings=max_position_embeddings,
-                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **config_kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     if family == "qwen2":  # random biases, so a missing bias would show in parity tests
