@@ -39,3 +39,34 @@ def llama_dir(checkpoints):
 
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\nclass Config:\n    def __init__(self", "x"]
+
+
+def two_token_joint_tv(engine, n: int = 1600, **opts) -> tuple[float, float, dict, dict]:
+    """Sample the first two tokens of "def f(x):" n times under ``opts`` (temperature 0.15,
+    top-k 3: 9 cells) and compare with the target's exact joint.
+
+    Returns (total variation, the bound a correct sampler stays under, counts, exact joint).
+    """
+    import math
+
+    from paradec.config import SamplingConfig
+    from paradec.sampling import probs
+
+    cfg = SamplingConfig(temperature=0.15, top_k=3)
+    prompt = engine.tokenizer.encode("def f(x):")
+    with torch.inference_mode():
+        p1 = probs(engine.model(torch.tensor([prompt]))[0, -1], cfg)
+        exact = {}
+        for t1 in p1.nonzero().flatten().tolist():
+            p2 = probs(engine.model(torch.tensor([prompt + [t1]]))[0, -1], cfg)
+            for t2 in p2.nonzero().flatten().tolist():
+                exact[(t1, t2)] = float(p1[t1] * p2[t2])
+    torch.manual_seed(0)  # rows draw their seeds from the global generator when seed=None
+    counts: dict = {}
+    for _ in range(n // 200):
+        for g in engine.generate([prompt] * 200, max_new_tokens=3, temperature=0.15, top_k=3,
+                                 ignore_eos=True, **opts):
+            key = tuple(g.token_ids[:2])
+            counts[key] = counts.get(key, 0) + 1
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in set(counts) | set(exact))
+    return tv, 0.5 * math.sqrt(9 / n) + 0.02, counts, exact

@@ -3,19 +3,15 @@ sampling distributed as ar, the pruned pass against a full pass, and the cost mo
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import paradec
-from conftest import PROMPTS
-from paradec.config import SamplingConfig
+from conftest import PROMPTS, two_token_joint_tv
 from paradec.draft import Proposal, merge
 from paradec.draft.base import DraftTree
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.policy import LatencyModel, TreePolicy
-from paradec.sampling import probs
 from paradec.tree.builders import top_paths
 from paradec.verify.prune import prune_proposal, pruned_pass
 
@@ -86,24 +82,8 @@ def test_prune_proposal_drops_subtrees():
 
 @pytest.mark.parametrize("method", ["medusa", "propd"])
 def test_sampling_matches_target_joint(engine, method):
-    cfg = SamplingConfig(temperature=0.15, top_k=3)
-    prompt = engine.tokenizer.encode("def f(x):")
-    with torch.inference_mode():
-        p1 = probs(engine.model(torch.tensor([prompt]))[0, -1], cfg)
-        exact = {}
-        for t1 in p1.nonzero().flatten().tolist():
-            p2 = probs(engine.model(torch.tensor([prompt + [t1]]))[0, -1], cfg)
-            for t2 in p2.nonzero().flatten().tolist():
-                exact[(t1, t2, )] = float(p1[t1] * p2[t2])
-    torch.manual_seed(0)
-    n, counts = 1600, {}
-    for _ in range(n // 200):
-        for g in engine.generate([prompt] * 200, max_new_tokens=3, temperature=0.15, top_k=3,
-                                 ignore_eos=True, method=method):
-            key = tuple(g.token_ids[:2])
-            counts[key] = counts.get(key, 0) + 1
-    tv = 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in set(counts) | set(exact))
-    assert tv < 0.5 * math.sqrt(9 / n) + 0.02
+    tv, bound, _, _ = two_token_joint_tv(engine, method=method)
+    assert tv < bound
 
 
 def test_latency_model_recovers_linear_cost():

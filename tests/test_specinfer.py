@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import paradec
-from conftest import PROMPTS
+from conftest import PROMPTS, two_token_joint_tv
 from paradec.config import SamplingConfig
 from paradec.draft import DraftTree, NgramDrafter, merge
 from paradec.sampling import probs
@@ -162,27 +162,10 @@ def test_acceptor_first_token_distribution(variant, should_pass):
                                   dict(method="specinfer", expansion=[2, 1], with_ngram=True)])
 def test_engine_sampling_matches_target_joint_of_two_tokens(llama_dir, drafts, opts):
     """First two sampled tokens under MSS vs the exact target joint (top-k 3 keeps 9 cells)."""
-    engine = engine_with(llama_dir, drafts["ssm1"])
-    cfg = SamplingConfig(temperature=0.15, top_k=3)
-    prompt = engine.tokenizer.encode("def f(x):")
-    with torch.inference_mode():
-        p1 = probs(engine.model(torch.tensor([prompt]))[0, -1], cfg)
-        exact = {}
-        for t1 in p1.nonzero().flatten().tolist():
-            p2 = probs(engine.model(torch.tensor([prompt + [t1]]))[0, -1], cfg)
-            for t2 in p2.nonzero().flatten().tolist():
-                exact[(t1, t2)] = float(p1[t1] * p2[t2])
-    torch.manual_seed(0)  # rows draw their seeds from the global generator when seed=None
-    n, counts = 1600, {}
-    for _ in range(n // 200):
-        for g in engine.generate([prompt] * 200, max_new_tokens=2, temperature=0.15, top_k=3,
-                                 ignore_eos=True, **opts):
-            key = tuple(g.token_ids[:2])
-            counts[key] = counts.get(key, 0) + 1
-    bound = 0.5 * math.sqrt(9 / n) + 0.02
-    assert _tv(counts, exact) < bound
-    # the bound is tight enough to reject a wrong joint: the same tokens at a different temperature
-    wrong = {k: v for k, v in exact.items()}
+    tv, bound, counts, exact = two_token_joint_tv(engine_with(llama_dir, drafts["ssm1"]), **opts)
+    assert tv < bound
+    # the bound is tight enough to reject a wrong joint: swap the most and least likely cells
+    wrong = dict(exact)
     keys = sorted(wrong, key=wrong.get)
     wrong[keys[-1]], wrong[keys[0]] = wrong[keys[0]], wrong[keys[-1]]
     assert _tv(counts, wrong) > bound

@@ -19,6 +19,7 @@ from paradec.draft.base import DraftTree
 from paradec.models import Transformer
 from paradec.sampling import probs
 from paradec.tree import ScratchTree, pass_tensors
+from paradec.tree.builders import expansion_nodes
 
 
 class ModelDrafter:
@@ -35,11 +36,7 @@ class ModelDrafter:
 
     @property
     def max_nodes(self) -> int:
-        total, width = 0, 1
-        for k in self.expansion:
-            width *= k
-            total += width
-        return total
+        return expansion_nodes(self.expansion)
 
     def begin(self, prompts: list[list[int]], max_len: int) -> None:
         """Prefill every prompt but its last token (the first root), like the target."""

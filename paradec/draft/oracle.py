@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 from paradec.draft.base import DraftTree, Proposal, merge
+from paradec.tree.builders import expansion_nodes
 
 
 class OracleDrafter:
@@ -23,11 +24,7 @@ class OracleDrafter:
 
     @property
     def max_nodes(self) -> int:
-        total, width = 0, 1
-        for k in self.expansion:
-            width *= k
-            total += width
-        return total
+        return expansion_nodes(self.expansion)
 
     def begin(self, prompts: list[list[int]], max_len: int) -> None:
         pass
