@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for one prompt")
     _add_model(g)
-    g.add_argument("--method", default="ar", help="ar | specinfer | pld | medusa | propd")
+    g.add_argument("--method", default="ar", help="ar | specinfer | pld | medusa | propd | aspd")
     _add_sampling(g)
     _add_spec(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -152,7 +152,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     model, drafts, heads = args.model, args.draft, args.heads
     if model is None:  # the bundled code model, with its SSM pool and heads
-        model = bundled("target")
+        model = bundled("aspd" if args.method == "aspd" else "target")
         if args.method == "specinfer" and not drafts:
             drafts = bundled_drafts()
         if args.method in ("medusa", "propd") and heads is None:

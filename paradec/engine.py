@@ -28,7 +28,7 @@ from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
 from paradec.verify.prune import pruned_pass
 from paradec.verify.typical import accept_typical
 
-METHODS = ("ar", "specinfer", "pld", "medusa", "propd")
+METHODS = ("ar", "specinfer", "pld", "medusa", "propd", "aspd")
 DEFAULT_TREE_NODES = 16
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
@@ -46,6 +46,7 @@ class Stats:
     target_s: float = 0.0  # time in the target's verification passes (shared by a batch's rows)
     nodes: int = 0  # tree nodes proposed, summed over steps (AR: one per step)
     verified: int = 0  # nodes that reached the last layer (fewer than ``nodes`` when pruning)
+    extra: dict = field(default_factory=dict)  # method-specific counters (aspd: parallel steps, ...)
     offered: list[int] = field(default_factory=list)  # [depth-1] steps whose tree reached depth d
     reached: list[int] = field(default_factory=list)  # [depth-1] steps that accepted a token at depth d
 
@@ -74,7 +75,7 @@ class Stats:
                 "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3),
                 "target_s": round(self.target_s, 5), "nodes_per_step": round(self.nodes / max(1, self.steps), 3),
                 "verified_per_step": round(self.verified / max(1, self.steps), 3),
-                "accept_per_depth": [round(a, 4) for a in self.accept_per_depth]}
+                "accept_per_depth": [round(a, 4) for a in self.accept_per_depth], **self.extra}
 
 
 @dataclass
@@ -203,6 +204,9 @@ class Engine:
         """
         single, batch = _as_batch(prompts)
         gen = self.config(**options)
+        if gen.method == "aspd":
+            out = [self._generate_aspd(self._encode(p, chat), gen) for p in batch]
+            return out[0] if single else out
         rows = self._rows([self._encode(p, chat) for p in batch], gen)
         for _ in self._decode(rows, gen, drafter):
             pass
@@ -252,6 +256,28 @@ class Engine:
             raise TypeError(f"unexpected option: {exc}") from None
         sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
         return GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
+
+    def _generate_aspd(self, prompt: list[int], gen: GenerationConfig) -> Generation:
+        """ASPD's hybrid serial/parallel decoding (greedy); one prompt at a time."""
+        from paradec.parallel.decode import Specials, aspd_decode
+        from paradec.parallel.markup import strip_markup
+
+        if not gen.sampling.greedy:
+            raise ParadecError("method aspd decodes greedily; drop --temperature")
+        sp = Specials.from_tokenizer(self.tokenizer.hf)
+        eos = frozenset() if gen.ignore_eos else self.tokenizer.eos_ids
+        budget = min(gen.max_new_tokens, self.model.config.context_length - len(prompt))
+        ids, st = aspd_decode(self.model, sp, prompt, budget, eos)
+        marked = self.tokenizer.hf.decode(ids, skip_special_tokens=False)
+        text = strip_markup(marked)
+        for special in self.tokenizer.hf.all_special_tokens:  # EOS and any other leftovers
+            text = text.replace(special, "")
+        stats = Stats("aspd", new_tokens=len(ids), steps=st.steps, wall_s=st.wall_s,
+                      extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
+                             "groups": st.groups, "branches": st.branches,
+                             "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
+        reason = "eos" if ids and ids[-1] in eos else "length"
+        return Generation(text, ids, reason, stats)
 
     # ---- the loop ---------------------------------------------------------------------------
     def _drafter(self, gen: GenerationConfig) -> TreeDrafter | None:

@@ -1,0 +1,87 @@
+"""ASPD's hybrid engine: parallel branches decode as each branch would alone; its per-token
+mask and positions are the training layout's for the same flattened sequence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import paradec
+from paradec.parallel.decode import Specials, aspd_decode
+from paradec.parallel.layout import layout
+from paradec.testing import make_checkpoint, make_tokenizer, stdlib_text
+from paradec.train.tokenizer import ASPD_TOKENS
+
+
+@pytest.fixture(scope="module")
+def aspd_engine(tmp_path_factory):
+    tok = make_tokenizer(512, stdlib_text(60_000), special=ASPD_TOKENS)
+    path = make_checkpoint(tmp_path_factory.mktemp("aspd") / "m", tokenizer=tok, seed=3, num_heads=4, num_kv_heads=2)
+    return paradec.load(path, dtype="fp32")
+
+
+def _prompt(engine, titles=("alpha", "beta", "gamma")):
+    hf = engine.tokenizer.hf
+    text = "Write three helpers.\n" + "".join(f"<|title|>{t}<|/title|>" for t in titles) + "<|para|>"
+    return list(hf(text, add_special_tokens=False).input_ids)
+
+
+def test_branches_decode_as_each_alone(aspd_engine):
+    engine = aspd_engine
+    sp = Specials.from_tokenizer(engine.tokenizer.hf)
+    prompt = _prompt(engine)
+    new, stats = aspd_decode(engine.model, sp, prompt, 60, frozenset(), max_branch_tokens=12)
+    assert stats.groups >= 1 and stats.branches == 3 and stats.parallel_steps < stats.parallel_tokens
+    # split the merged branches back out of the flattened output
+    branches, cur = [], None
+    for tok in new:
+        if tok == sp.branch:
+            cur = [tok]
+        elif cur is not None:
+            cur.append(tok)
+            if tok == sp.end_branch:
+                branches.append(cur)
+                cur = None
+        if len(branches) == 3:
+            break
+    suppress = [sp.title, sp.end_title, sp.para, sp.end_para, sp.branch]
+    for branch in branches:
+        ref = branch[: branch.index(sp.colon_space[-1]) + 1]  # the forced prefix
+        with torch.inference_mode():
+            while ref[-1] != sp.end_branch and len(ref) < len(branch):
+                logits = engine.model(torch.tensor([prompt + ref]))[0, -1]  # the branch alone
+                logits[suppress] = float("-inf")
+                ref.append(int(logits.argmax()) if len(ref) < 12 else sp.end_branch)
+        assert ref == branch
+
+
+def test_engine_mask_and_positions_equal_training_layout(aspd_engine):
+    engine = aspd_engine
+    sp = Specials.from_tokenizer(engine.tokenizer.hf)
+    prompt = _prompt(engine, ("a", "bb"))
+    new, stats = aspd_decode(engine.model, sp, prompt, 40, frozenset(), record=True, max_branch_tokens=6)
+    flat = prompt + new
+    lay = layout(flat, sp.branch, sp.end_branch)
+    # map cache slots to flattened indices: serial slots in order, branch slots by (branch, j)
+    starts = [i for i, t in enumerate(flat) if t == sp.branch]
+    slot_to_flat, serial_i, seen = {}, 0, {}
+    for slot, (tok, pos, vis, br) in enumerate(stats.trace):
+        if br < 0:
+            while lay.branch[serial_i] > 0:
+                serial_i += 1
+            slot_to_flat[slot] = serial_i
+            serial_i += 1
+        else:
+            j = seen.get(br, 0)
+            seen[br] = j + 1
+            slot_to_flat[slot] = starts[br] + j
+    for slot, (tok, pos, vis, br) in enumerate(stats.trace):
+        i = slot_to_flat[slot]
+        assert flat[i] == tok and int(lay.positions[i]) == pos
+        assert sorted(slot_to_flat[v] for v in vis) == lay.mask[i].nonzero().flatten().tolist()
+
+
+def test_generate_method_aspd_returns_plain_text(aspd_engine):
+    g = aspd_engine.generate(_prompt(aspd_engine), method="aspd", max_new_tokens=30, ignore_eos=True)
+    assert "<|branch|>" not in g.text and "<|title|>" not in g.text
+    assert g.stats.extra["branches"] == 3 and g.stats.steps < g.stats.new_tokens
