@@ -247,7 +247,7 @@ def cmd_aspd(args: argparse.Namespace) -> None:
     judge = make_judge(args.judge_url, args.judge_model) if args.judge_url else None
     count = None
     if args.tokenizer:
-        from paradec.engine import load_tokenizer
+        from paradec.tokenizer import load_tokenizer
         from pathlib import Path
 
         hf = load_tokenizer(Path(args.tokenizer), ()).hf

@@ -9,9 +9,7 @@ proposes trees and the acceptance rule (``paradec.verify``).
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -23,6 +21,8 @@ from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.heads import Heads, load_heads
 from paradec.policy import TreePolicy
+from paradec.state import Generation, Row, Stats, StepEvent
+from paradec.tokenizer import Tokenizer, load_tokenizer
 from paradec.tree import ScratchTree, pass_tensors
 from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
 from paradec.verify.prune import pruned_pass
@@ -32,123 +32,6 @@ METHODS = ("ar", "specinfer", "pld", "medusa", "propd", "aspd")
 DEFAULT_TREE_NODES = 16
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-
-
-@dataclass
-class Stats:
-    """What one prompt's decode cost. tau = new_tokens / steps (AR: 1.0)."""
-
-    method: str
-    new_tokens: int = 0
-    steps: int = 0  # target forward passes after prefill
-    prefill_s: float = 0.0
-    wall_s: float = 0.0  # prefill included
-    target_s: float = 0.0  # time in the target's verification passes (shared by a batch's rows)
-    nodes: int = 0  # tree nodes proposed, summed over steps (AR: one per step)
-    verified: int = 0  # nodes that reached the last layer (fewer than ``nodes`` when pruning)
-    extra: dict = field(default_factory=dict)  # method-specific counters (aspd: parallel steps, ...)
-    offered: list[int] = field(default_factory=list)  # [depth-1] steps whose tree reached depth d
-    reached: list[int] = field(default_factory=list)  # [depth-1] steps that accepted a token at depth d
-
-    def record(self, tree_depth: int, accepted: int) -> None:
-        for counts, n in ((self.offered, tree_depth), (self.reached, accepted)):
-            counts.extend([0] * (n - len(counts)))
-            for d in range(n):
-                counts[d] += 1
-
-    @property
-    def accept_per_depth(self) -> list[float]:
-        """[depth-1] P(a token is accepted at depth d | the tree offered depth d)."""
-        return [r / o for r, o in zip(self.reached + [0] * len(self.offered), self.offered) if o]
-
-    @property
-    def tau(self) -> float:
-        return self.new_tokens / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s else 0.0
-
-    def as_dict(self) -> dict:
-        return {"method": self.method, "new_tokens": self.new_tokens, "steps": self.steps,
-                "tau": round(self.tau, 4), "prefill_s": round(self.prefill_s, 5),
-                "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3),
-                "target_s": round(self.target_s, 5), "nodes_per_step": round(self.nodes / max(1, self.steps), 3),
-                "verified_per_step": round(self.verified / max(1, self.steps), 3),
-                "accept_per_depth": [round(a, 4) for a in self.accept_per_depth], **self.extra}
-
-
-@dataclass
-class Generation:
-    text: str
-    token_ids: list[int]  # new tokens only (EOS included when it ended the text)
-    finish_reason: str  # "eos" | "stop" | "length"
-    stats: Stats
-
-    def as_dict(self) -> dict:
-        return {**self.stats.as_dict(), "text": self.text, "token_ids": self.token_ids,
-                "finish_reason": self.finish_reason}
-
-
-@dataclass
-class Row:
-    """Per-sequence decode state. ``tokens[-1]`` is the root: generated, not yet in the cache."""
-
-    tokens: list[int]
-    n_prompt: int
-    generator: torch.Generator | None
-    stats: Stats
-    done: bool = False
-    finish_reason: str = "length"
-    budget: int = 0  # new tokens still allowed
-
-    @property
-    def new_ids(self) -> list[int]:
-        return self.tokens[self.n_prompt:]
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    row: int
-    token_ids: list[int]  # tokens committed this step for this row
-
-
-@dataclass
-class Tokenizer:
-    """The HF tokenizer plus the ids that end a text."""
-
-    hf: object
-    eos_ids: frozenset[int] = field(default_factory=frozenset)
-
-    def encode(self, text: str, chat: bool = False) -> list[int]:
-        if chat:
-            if not getattr(self.hf, "chat_template", None):
-                raise ParadecError("this model's tokenizer has no chat template; drop --chat")
-            text = self.hf.apply_chat_template([{"role": "user", "content": text}],
-                                               add_generation_prompt=True, tokenize=False)
-            return list(self.hf(text, add_special_tokens=False).input_ids)
-        return list(self.hf(text).input_ids)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True)
-
-
-def load_tokenizer(model_dir: Path, config_eos: tuple[int, ...]) -> Tokenizer:
-    from transformers import AutoTokenizer
-
-    try:
-        hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    except Exception as exc:  # transformers raises many types for a missing/broken tokenizer
-        raise ParadecError(f"cannot load a tokenizer from {model_dir} ({exc.__class__.__name__}); "
-                           "the directory needs tokenizer.json or the files of its tokenizer") from None
-    eos = set(config_eos)
-    gen_cfg = model_dir / "generation_config.json"
-    if gen_cfg.is_file():
-        val = json.loads(gen_cfg.read_text()).get("eos_token_id")
-        eos.update(val if isinstance(val, list) else [val] if val is not None else [])
-    if hf.eos_token_id is not None:
-        eos.add(hf.eos_token_id)
-    return Tokenizer(hf, frozenset(eos))
 
 
 class Engine:
@@ -205,7 +88,9 @@ class Engine:
         single, batch = _as_batch(prompts)
         gen = self.config(**options)
         if gen.method == "aspd":
-            out = [self._generate_aspd(self._encode(p, chat), gen) for p in batch]
+            from paradec.parallel.decode import generate_aspd
+
+            out = [generate_aspd(self, self._encode(p, chat), gen) for p in batch]
             return out[0] if single else out
         rows = self._rows([self._encode(p, chat) for p in batch], gen)
         for _ in self._decode(rows, gen, drafter):
@@ -256,28 +141,6 @@ class Engine:
             raise TypeError(f"unexpected option: {exc}") from None
         sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
         return GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
-
-    def _generate_aspd(self, prompt: list[int], gen: GenerationConfig) -> Generation:
-        """ASPD's hybrid serial/parallel decoding (greedy); one prompt at a time."""
-        from paradec.parallel.decode import Specials, aspd_decode
-        from paradec.parallel.markup import strip_markup
-
-        if not gen.sampling.greedy:
-            raise ParadecError("method aspd decodes greedily; drop --temperature")
-        sp = Specials.from_tokenizer(self.tokenizer.hf)
-        eos = frozenset() if gen.ignore_eos else self.tokenizer.eos_ids
-        budget = min(gen.max_new_tokens, self.model.config.context_length - len(prompt))
-        ids, st = aspd_decode(self.model, sp, prompt, budget, eos)
-        marked = self.tokenizer.hf.decode(ids, skip_special_tokens=False)
-        text = strip_markup(marked)
-        for special in self.tokenizer.hf.all_special_tokens:  # EOS and any other leftovers
-            text = text.replace(special, "")
-        stats = Stats("aspd", new_tokens=len(ids), steps=st.steps, wall_s=st.wall_s,
-                      extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
-                             "groups": st.groups, "branches": st.branches,
-                             "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
-        reason = "eos" if ids and ids[-1] in eos else "length"
-        return Generation(text, ids, reason, stats)
 
     # ---- the loop ---------------------------------------------------------------------------
     def _drafter(self, gen: GenerationConfig) -> TreeDrafter | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import paradec
+import paradec.state
 from paradec.tree import ScratchTree, TokenTree, pass_tensors
 
 # r -> 1 -> 3 -> 6 ; r -> 1 -> 4 ; r -> 2 -> 5 ; r -> 2 -> 7 -> 8
@@ -33,7 +34,7 @@ def test_derivations():
 
 def _prefill(engine, prompt):
     cache = engine.model.new_cache(1, 64)
-    engine._prefill([paradec.engine.Row(list(prompt), len(prompt), None, None)], cache)
+    engine._prefill([paradec.state.Row(list(prompt), len(prompt), None, None)], cache)
     return cache
 
 
@@ -71,7 +72,7 @@ def test_batched_trees_do_not_see_each_other(checkpoints):
     trees = [TREE, TokenTree.chain(8, [3, 4])]
     with torch.inference_mode():
         cache = engine.model.new_cache(2, 64)
-        rows = [paradec.engine.Row(list(p), len(p), None, None) for p in prompts]
+        rows = [paradec.state.Row(list(p), len(p), None, None) for p in prompts]
         engine._prefill(rows, cache)
         both = engine._verify_forward(trees, cache)[0]
         for b, (p, t) in enumerate(zip(prompts, trees)):

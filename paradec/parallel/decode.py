@@ -213,3 +213,25 @@ def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos
     stats.new_tokens = len(new)
     stats.wall_s = time.perf_counter() - t0
     return new[:max_new_tokens], stats
+
+
+def generate_aspd(engine, prompt: list[int], gen) -> "Generation":
+    """``Engine.generate(method="aspd")`` for one prompt: greedy hybrid decoding, plain text out."""
+    from paradec.parallel.markup import strip_markup
+    from paradec.state import Generation, Stats
+
+    if not gen.sampling.greedy:
+        raise ParadecError("method aspd decodes greedily; drop --temperature")
+    hf = engine.tokenizer.hf
+    sp = Specials.from_tokenizer(hf)
+    eos = frozenset() if gen.ignore_eos else engine.tokenizer.eos_ids
+    budget = min(gen.max_new_tokens, engine.model.config.context_length - len(prompt))
+    ids, st = aspd_decode(engine.model, sp, prompt, budget, eos)
+    text = strip_markup(hf.decode(ids, skip_special_tokens=False))
+    for special in hf.all_special_tokens:  # EOS and any other leftovers
+        text = text.replace(special, "")
+    stats = Stats("aspd", new_tokens=len(ids), steps=st.steps, wall_s=st.wall_s,
+                  extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
+                         "groups": st.groups, "branches": st.branches,
+                         "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
+    return Generation(text, ids, "eos" if ids and ids[-1] in eos else "length", stats)

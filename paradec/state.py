@@ -1,0 +1,86 @@
+"""Typed records of a decode: per-row state, per-step events, and what a prompt's decode cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Stats:
+    """What one prompt's decode cost. tau = new_tokens / steps (AR: 1.0)."""
+
+    method: str
+    new_tokens: int = 0
+    steps: int = 0  # target forward passes after prefill
+    prefill_s: float = 0.0
+    wall_s: float = 0.0  # prefill included
+    target_s: float = 0.0  # time in the target's verification passes (shared by a batch's rows)
+    nodes: int = 0  # tree nodes proposed, summed over steps (AR: one per step)
+    verified: int = 0  # nodes that reached the last layer (fewer than ``nodes`` when pruning)
+    extra: dict = field(default_factory=dict)  # method-specific counters (aspd: parallel steps, ...)
+    offered: list[int] = field(default_factory=list)  # [depth-1] steps whose tree reached depth d
+    reached: list[int] = field(default_factory=list)  # [depth-1] steps that accepted a token at depth d
+
+    def record(self, tree_depth: int, accepted: int) -> None:
+        for counts, n in ((self.offered, tree_depth), (self.reached, accepted)):
+            counts.extend([0] * (n - len(counts)))
+            for d in range(n):
+                counts[d] += 1
+
+    @property
+    def accept_per_depth(self) -> list[float]:
+        """[depth-1] P(a token is accepted at depth d | the tree offered depth d)."""
+        return [r / o for r, o in zip(self.reached + [0] * len(self.offered), self.offered) if o]
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s else 0.0
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "new_tokens": self.new_tokens, "steps": self.steps,
+                "tau": round(self.tau, 4), "prefill_s": round(self.prefill_s, 5),
+                "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3),
+                "target_s": round(self.target_s, 5), "nodes_per_step": round(self.nodes / max(1, self.steps), 3),
+                "verified_per_step": round(self.verified / max(1, self.steps), 3),
+                "accept_per_depth": [round(a, 4) for a in self.accept_per_depth], **self.extra}
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]  # new tokens only (EOS included when it ended the text)
+    finish_reason: str  # "eos" | "stop" | "length"
+    stats: Stats
+
+    def as_dict(self) -> dict:
+        return {**self.stats.as_dict(), "text": self.text, "token_ids": self.token_ids,
+                "finish_reason": self.finish_reason}
+
+
+@dataclass
+class Row:
+    """Per-sequence decode state. ``tokens[-1]`` is the root: generated, not yet in the cache."""
+
+    tokens: list[int]
+    n_prompt: int
+    generator: torch.Generator | None
+    stats: Stats
+    done: bool = False
+    finish_reason: str = "length"
+    budget: int = 0  # new tokens still allowed
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.tokens[self.n_prompt:]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    row: int
+    token_ids: list[int]  # tokens committed this step for this row
