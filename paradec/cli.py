@@ -154,7 +154,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if model is None:  # the bundled code model, with its SSM pool and heads
         model = bundled("aspd" if args.method == "aspd" else "target")
         if args.method == "specinfer" and not drafts:
-            drafts = bundled_drafts()
+            drafts = bundled_drafts()[:1]  # the fastest pool here; pass --draft zoo/ssmN for more
         if args.method in ("medusa", "propd") and heads is None:
             heads = bundled("heads", "heads.json")
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads)

@@ -136,8 +136,15 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     if cfg.temperature > 0:
         methods = [m for m in methods if m != "oracle"]  # the oracle knows greedy text only
     tok = runners.engine.tokenizer
+    limit = runners.engine.model.config.context_length - cfg.max_new_tokens - 72  # room for a tree
+    fits = [(p, ids) for p in prompts if len(ids := tok.encode(p.text)) <= limit]
+    skipped = [p.id for p in prompts if p.id not in {q.id for q, _ in fits}]
+    if not fits:
+        raise ParadecError(f"no prompt fits the model's context with {cfg.max_new_tokens} new tokens")
+    prompts = [p for p, _ in fits]
     groups = [prompts[i: i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
-    encoded = [[tok.encode(p.text) for p in g] for g in groups]
+    flat = [ids for _, ids in fits]
+    encoded = [flat[i: i + cfg.batch_size] for i in range(0, len(flat), cfg.batch_size)]
     for m in methods:  # warm-up, excluded
         runners.run(m, [encoded[0][0]], [[0] * cfg.max_new_tokens])
     records = []
@@ -162,7 +169,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     bar.close()
     summary = summarize(records, methods)
     return {"config": {k: v for k, v in cfg.__dict__.items()}, "machine": machine(),
-            "peak_rss_mb": round(_peak_mb(), 1), "records": records, "summary": summary}
+            "peak_rss_mb": round(_peak_mb(), 1), "skipped_too_long": skipped, "records": records,
+            "summary": summary}
 
 
 def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], stats, reference) -> dict:
