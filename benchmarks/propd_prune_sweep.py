@@ -17,7 +17,7 @@ from pathlib import Path
 
 import paradec
 from paradec.bench.prompts import load_prompts
-from paradec.bench.report import machine, markdown_table, write_json
+from paradec.bench.report import machine, markdown_table, mean_rows, write_json
 from paradec.zoo import bundled
 
 
@@ -49,10 +49,7 @@ def main() -> int:
             steps = max(g.stats.steps for g in out)
             res[label].append((t_ar / dt, statistics.mean(g.stats.tau for g in out),
                                statistics.mean(g.stats.verified / g.stats.steps for g in out), 1000 * dt / steps))
-    rows = [{"setting": label, "tau": statistics.mean(v[1] for v in vals),
-             "verified_per_step": statistics.mean(v[2] for v in vals),
-             "ms_per_step": statistics.mean(v[3] for v in vals),
-             "speedup_vs_ar": statistics.mean(v[0] for v in vals)} for label, vals in res.items()]
+    rows = mean_rows(res, "setting", ["speedup_vs_ar", "tau", "verified_per_step", "ms_per_step"])
     table = markdown_table(rows, ["setting", "tau", "verified_per_step", "ms_per_step", "speedup_vs_ar"])
     print(table)
     write_json({"command": " ".join(sys.argv), "machine": machine(), "rows": rows, "table": table}, args.out)

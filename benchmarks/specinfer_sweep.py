@@ -9,14 +9,13 @@ Per prompt, every configuration runs back to back after `ar`; speedup = mean ove
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import paradec
 from paradec.bench.prompts import load_prompts
-from paradec.bench.report import machine, markdown_table, write_json
+from paradec.bench.report import machine, markdown_table, mean_rows, write_json
 from paradec.zoo import bundled, bundled_drafts
 
 CONFIGS = [  # (label, number of SSMs, options)
@@ -53,10 +52,7 @@ def main() -> int:
             g = engines[n].generate(p.text, **kw, **opts)
             dt = time.perf_counter() - t
             res[label].append((t_ar / dt, g.stats.tau, 1000 * dt / g.stats.steps, g.token_ids == ref.token_ids))
-    rows = [{"config": label, "tau": statistics.mean(v[1] for v in vals),
-             "ms_per_step": statistics.mean(v[2] for v in vals),
-             "speedup_vs_ar": statistics.mean(v[0] for v in vals),
-             "identical_to_ar": statistics.mean(float(v[3]) for v in vals)} for label, vals in res.items()]
+    rows = mean_rows(res, "config", ["speedup_vs_ar", "tau", "ms_per_step", "identical_to_ar"])
     table = markdown_table(rows, ["config", "tau", "ms_per_step", "speedup_vs_ar", "identical_to_ar"])
     print(table)
     write_json({"command": " ".join(sys.argv), "machine": machine(), "rows": rows, "table": table}, args.out)

@@ -9,7 +9,7 @@ import torch
 import paradec
 import paradec.state
 from conftest import PROMPTS, two_token_joint_tv
-from paradec.draft import Proposal, merge
+from paradec.draft import merge
 from paradec.draft.base import DraftTree
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.policy import LatencyModel, TreePolicy

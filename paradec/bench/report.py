@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import platform
 from pathlib import Path
 
@@ -30,3 +31,9 @@ def write_json(obj, path: str | Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
     tmp.replace(path)
+
+
+def mean_rows(results: dict[str, list[tuple]], key: str, fields: list[str]) -> list[dict]:
+    """One row per label: the mean of each tuple position over its runs, named by ``fields``."""
+    return [{key: label, **{f: statistics.mean(float(v[i]) for v in vals) for i, f in enumerate(fields)}}
+            for label, vals in results.items()]

@@ -115,7 +115,6 @@ def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos
     t0 = time.perf_counter()
     cache = model.new_cache(1, len(prompt) + 4 * max_new_tokens + 64)
     history = list(prompt)  # flattened sequence: prompt + everything generated
-    visible_all = True
 
     def forward(tokens: list[int], positions: list[int], mask_rows: list[list[int]] | None,
                 branches: list[int] | None = None):
@@ -215,7 +214,7 @@ def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos
     return new[:max_new_tokens], stats
 
 
-def generate_aspd(engine, prompt: list[int], gen) -> "Generation":
+def generate_aspd(engine, prompt: list[int], gen):
     """``Engine.generate(method="aspd")`` for one prompt: greedy hybrid decoding, plain text out."""
     from paradec.parallel.markup import strip_markup
     from paradec.state import Generation, Stats
