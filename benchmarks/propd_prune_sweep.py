@@ -28,9 +28,10 @@ def main() -> int:
     ap.add_argument("--ks", default="1,2,4,8,16,64")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--heads", default=None, help="heads dir (default: zoo/heads, early head on layer 2)")
     ap.add_argument("--out", default="benchmarks/results/propd_prune_sweep.json")
     args = ap.parse_args()
-    engine = paradec.load(bundled("target"), dtype="bf16", heads=bundled("heads", "heads.json"))
+    engine = paradec.load(bundled("target"), dtype="bf16", heads=args.heads or bundled("heads", "heads.json"))
     prompts = [p.text for p in load_prompts(Path(args.data) / "humaneval/HumanEval.jsonl.gz", limit=args.limit)]
     kw = dict(max_new_tokens=args.max_new_tokens, ignore_eos=True)
     configs = [("no pruning", dict(method="propd", prune=False))] + [
@@ -52,7 +53,8 @@ def main() -> int:
     rows = mean_rows(res, "setting", ["speedup_vs_ar", "tau", "verified_per_step", "ms_per_step"])
     table = markdown_table(rows, ["setting", "tau", "verified_per_step", "ms_per_step", "speedup_vs_ar"])
     print(table)
-    write_json({"command": " ".join(sys.argv), "machine": machine(), "rows": rows, "table": table}, args.out)
+    write_json({"command": " ".join(sys.argv), "machine": machine(), "early_layer": engine.heads.early_layer,
+                "rows": rows, "table": table}, args.out)
     return 0
 
 

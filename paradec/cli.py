@@ -148,10 +148,13 @@ def _add_train_schedule(p: argparse.ArgumentParser, max_steps: int) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
-    from paradec.zoo import bundled, bundled_drafts
+    from paradec.zoo import bundled, bundled_drafts, bundled_or_none
 
     model, drafts, heads = args.model, args.draft, args.heads
     if model is None:  # the bundled code model, with its SSM pool and heads
+        if args.method == "aspd" and bundled_or_none("aspd") is None:
+            raise ParadecError("the zoo has no ASPD model yet; pass --model PATH to an ASPD-fine-tuned model "
+                               "(its tokenizer must have <|title|> ... <|/branch|>)")
         model = bundled("aspd" if args.method == "aspd" else "target")
         if args.method == "specinfer" and not drafts:
             drafts = bundled_drafts()[:1]  # the fastest pool here; pass --draft zoo/ssmN for more
