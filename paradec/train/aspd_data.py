@@ -1,0 +1,74 @@
+"""ASPD training data from the stdlib: groups of independent functions, marked up, plus the Seq twin.
+
+Each example is a window of a training-split file around one accepted function group
+(``paradec.parallel.extract.code_groups``): some code before it (the prefix), the group in the
+ASPD format, some code after it. The Seq twin is the same window without markup. ``collate``
+turns examples into tensors with ASPD's Indep mask and Same-Seq positions
+(``paradec.parallel.layout``); the Seq twin uses the plain causal mask.
+(The fine-tuning loop that consumes these is the next step of the ASPD issue.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from paradec.parallel.extract import code_groups
+from paradec.parallel.layout import layout
+from paradec.parallel.markup import Branch, Group, mark_up
+
+
+@dataclass(frozen=True)
+class Example:
+    marked: list[int]  # token ids of the window with the group marked up
+    plain: list[int]  # the same window, no markup (the Seq twin)
+
+
+def _line_start(text: str, pos: int) -> int:
+    return text.rfind("\n", 0, pos) + 1
+
+
+def _line_end(text: str, pos: int) -> int:
+    end = text.find("\n", pos)
+    return len(text) if end < 0 else end + 1
+
+
+def examples_from_sources(sources: list[str], tokenizer, max_tokens: int = 512, before: int = 600,
+                          after: int = 200) -> list[Example]:
+    """One example per accepted group (at most ``max_tokens`` marked tokens)."""
+    out = []
+    for source in sources:
+        for g in code_groups(source):
+            start, end = g.branches[0].start, g.branches[-1].end
+            lo, hi = _line_start(source, max(0, start - before)), _line_end(source, min(len(source), end + after))
+            window = source[lo:hi]
+            shifted = Group(tuple(Branch(b.title, b.start - lo, b.end - lo) for b in g.branches), g.kind)
+            marked = tokenizer(mark_up(window, [shifted]), add_special_tokens=False).input_ids
+            if len(marked) <= max_tokens:
+                out.append(Example(list(marked), list(tokenizer(window, add_special_tokens=False).input_ids)))
+    return out
+
+
+def collate(seqs: list[list[int]], branch_open: int | None, branch_close: int | None, pad: int = 0):
+    """-> inputs [b, T], labels [b, T] (-100 on padding), positions [b, T], mask [b, 1, T, T].
+
+    With ``branch_open=None`` the mask is plain causal (the Seq twin)."""
+    width = max(len(s) for s in seqs) - 1
+    x = torch.full((len(seqs), width), pad, dtype=torch.long)
+    y = torch.full((len(seqs), width), -100, dtype=torch.long)
+    pos = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), 1, width, width, dtype=torch.bool)
+    for b, seq in enumerate(seqs):
+        n = len(seq) - 1
+        x[b, :n] = torch.tensor(seq[:-1])
+        y[b, :n] = torch.tensor(seq[1:])
+        if branch_open is None:
+            pos[b, :n] = torch.arange(n)
+            mask[b, 0, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        else:
+            lay = layout(seq[:-1], branch_open, branch_close)
+            pos[b, :n] = lay.positions
+            mask[b, 0, :n, :n] = lay.mask
+        mask[b, 0, n:, n:] = torch.eye(width - n, dtype=torch.bool)  # padding sees itself only
+    return x, y, pos, mask

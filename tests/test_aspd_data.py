@@ -1,0 +1,44 @@
+"""ASPD training data: marked windows decode back to the source; collate applies the layout."""
+
+from __future__ import annotations
+
+import torch
+
+from paradec.parallel.markup import strip_markup
+from paradec.testing import make_tokenizer, stdlib_text
+from paradec.train.aspd_data import collate, examples_from_sources
+from paradec.train.tokenizer import ASPD_TOKENS
+
+SOURCE = '''"""A module."""
+import math
+
+
+def area(r):
+    return math.pi * r * r
+
+
+def perimeter(r):
+    return 2 * math.pi * r
+
+
+def describe(r):
+    return f"{area(r)} {perimeter(r)}"
+'''
+
+
+def test_examples_and_collate():
+    tok = make_tokenizer(512, stdlib_text(60_000), special=ASPD_TOKENS)
+    (ex,) = examples_from_sources([SOURCE], tok)
+    marked_text = tok.decode(ex.marked)
+    assert "<|para|>" in marked_text and strip_markup(marked_text) == tok.decode(ex.plain) == SOURCE
+    b_open, b_close = tok.convert_tokens_to_ids(["<|branch|>", "<|/branch|>"])
+    x, y, pos, mask = collate([ex.marked, ex.plain], b_open, b_close)
+    n = len(ex.marked) - 1
+    assert x.shape == y.shape == pos.shape == (2, n) and mask.shape == (2, 1, n, n)
+    starts = [i for i, t in enumerate(ex.marked[:-1]) if t == b_open]
+    assert len(starts) == 2 and pos[0, starts[0]] == pos[0, starts[1]]  # siblings share positions
+    assert not mask[0, 0, starts[1], starts[0]]  # ... and do not see each other
+    pad = len(ex.plain) - 1
+    assert (y[1, pad:] == -100).all() and mask[1, 0, pad:, :pad].sum() == 0
+    _, _, pos_seq, mask_seq = collate([ex.plain], None, None)
+    assert torch.equal(pos_seq[0], torch.arange(len(ex.plain) - 1)) and torch.equal(mask_seq[0, 0], mask_seq[0, 0].tril())
