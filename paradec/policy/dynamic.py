@@ -95,9 +95,14 @@ class TreePolicy:
         if self.steps % self.explore_every == 0:
             return self.rng.choice(SIZES[1:])
         probs = self.stats.probs()
+        # top_paths is best-first, so the top-n tree is a prefix of the top-max tree: one search
+        order = top_paths(probs, max(SIZES))
+        gain = [0.0]
+        for path in order:
+            gain.append(gain[-1] + expected_accepted(probs, [path]))
         best, best_rate = 0, 0.0
         for n in SIZES:
-            e = 1.0 + expected_accepted(probs, top_paths(probs, n))
+            e = 1.0 + gain[min(n, len(order))]
             rate = batch * e / self.latency.predict(batch * (n + 1))
             if rate > best_rate:
                 best, best_rate = n, rate
