@@ -38,6 +38,22 @@ def llama_dir(checkpoints):
     return checkpoints["llama"]
 
 
+# three top-level functions; the third calls the first two (ASPD extraction and data tests)
+THREE_FUNCTIONS = '''import math
+
+
+def area(r):
+    return math.pi * r * r
+
+
+def perimeter(r):
+    return 2 * math.pi * r
+
+
+def describe(r):
+    return f"{area(r)} {perimeter(r)}"
+'''
+
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\nclass Config:\n    def __init__(self", "x"]
 
 

@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import torch
+from conftest import THREE_FUNCTIONS
 
 from paradec.parallel.markup import strip_markup
 from paradec.testing import make_tokenizer, stdlib_text
 from paradec.train.aspd_data import collate, examples_from_sources
 from paradec.train.tokenizer import ASPD_TOKENS
 
-SOURCE = '''"""A module."""
-import math
-
-
-def area(r):
-    return math.pi * r * r
-
-
-def perimeter(r):
-    return 2 * math.pi * r
-
-
-def describe(r):
-    return f"{area(r)} {perimeter(r)}"
-'''
+SOURCE = '"""A module."""\n' + THREE_FUNCTIONS
 
 
 def test_examples_and_collate():

@@ -8,28 +8,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from conftest import THREE_FUNCTIONS
 
 from paradec.parallel.extract import code_groups, find_groups, prose_groups
 from paradec.parallel.markup import BRANCH, PARA, TITLE, mark_up, strip_markup
 from paradec.parallel.pipeline import extract_file, make_judge
 
-CODE = '''import math
-
-
-def area(r):
-    return math.pi * r * r
-
-
-def perimeter(r):
-    return 2 * math.pi * r
-
-
-def describe(r):
-    return f"{area(r)} {perimeter(r)}"
-
-
-print(describe(2))
-'''
+CODE = THREE_FUNCTIONS + "\n\nprint(describe(2))\n"
 
 
 def test_independent_functions_group_and_caller_is_cut():
