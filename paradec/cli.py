@@ -91,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
     _add_model(b)
     b.add_argument("--methods", default="ar,hf,pld", help="comma-separated: " + ", ".join(_bench_methods()))
-    b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz) or text")
+    b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz), text, "
+                   "or stdlib:heldout (code followed by independent functions, for aspd)")
+    b.add_argument("--twin", default=None, metavar="PATH",
+                   help="Seq twin of the ASPD model (method seq-twin; NLL reference); default with --model "
+                        "zoo/aspd: zoo/aspd-seq")
     b.add_argument("--limit", type=int, default=None)
     b.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
     b.add_argument("--max-new-tokens", type=int, default=128)
@@ -134,6 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--num-heads", type=int, default=4)
     th.add_argument("--early-layer", type=int, default=None, help="default: a quarter of the layers")
     th.add_argument("--epochs", type=int, default=3)
+    ta = tsub.add_parser("aspd", help="ASPD fine-tune (LoRA adapter) of a model on marked stdlib function groups")
+    ta.add_argument("--base", required=True, help="the model to fine-tune (its tokenizer has the ASPD tokens)")
+    ta.add_argument("--out", required=True, help="where the adapter is exported (loads like a model directory)")
+    ta.add_argument("--run-dir", default="runs/aspd/model", help="resumable state and logs")
+    ta.add_argument("--twin", action="store_true", help="train the Seq twin: same windows, markup removed")
+    ta.add_argument("--epochs", type=float, default=1.0)
+    ta.add_argument("--rank", type=int, default=32)
+    ta.add_argument("--batch-size", type=int, default=8)
+    ta.add_argument("--lr", type=float, default=1e-3)
+    ta.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
+    ta.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -152,10 +167,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     model, drafts, heads = args.model, args.draft, args.heads
     if model is None:  # the bundled code model, with its SSM pool and heads
-        if args.method == "aspd" and bundled_or_none("aspd") is None:
+        if args.method == "aspd" and bundled_or_none("aspd", "adapter.json") is None:
             raise ParadecError("the zoo has no ASPD model yet; pass --model PATH to an ASPD-fine-tuned model "
                                "(its tokenizer must have <|title|> ... <|/branch|>)")
-        model = bundled("aspd" if args.method == "aspd" else "target")
+        model = bundled("aspd", "adapter.json") if args.method == "aspd" else bundled("target")
         if args.method == "specinfer" and not drafts:
             drafts = bundled_drafts()[:1]  # the fastest pool here; pass --draft zoo/ssmN for more
         if args.method in ("medusa", "propd") and heads is None:
@@ -214,6 +229,16 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise ParadecError("--num-heads and --epochs must be >= 1")
         meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
         print(json.dumps({k: meta[k] for k in ("top1", "top5", "early_topk_recall", "expected_tau_static")}))
+    elif args.what == "aspd":
+        from paradec.train.aspd import AspdTrainConfig, train_aspd
+
+        if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or args.lr <= 0:
+            raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1")
+        cfg = AspdTrainConfig(twin=args.twin, rank=args.rank, alpha=float(args.rank), epochs=args.epochs,
+                              batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
+                              minutes=args.minutes, seed=args.seed)
+        summary = train_aspd(args.base, args.out, args.run_dir, cfg)
+        print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
 
 
 def _bench_methods() -> tuple[str, ...]:
@@ -226,7 +251,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from paradec.bench.harness import BenchConfig, run_bench, write_outputs
     from paradec.zoo import bundled, bundled_drafts, bundled_or_none
 
-    model, drafts, heads = args.model, args.draft, args.heads
+    model, drafts, heads, twin = args.model, args.draft, args.heads, args.twin
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if model is None and any(m in ("aspd", "seq-twin") for m in methods):  # the bundled ASPD pair
+        model = bundled("aspd", "adapter.json")
+        twin = twin or bundled_or_none("aspd-seq", "adapter.json")
     if model is None:
         model = bundled("target")
         drafts = drafts or bundled_drafts()
@@ -234,7 +263,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
             heads = str(bundled_heads)
     if args.limit is not None and args.limit < 1:
         raise ParadecError("--limit must be >= 1")
-    cfg = BenchConfig(model=str(model), methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+    cfg = BenchConfig(model=str(model), methods=methods, twin=str(twin) if twin else None,
                       prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts), heads=heads,
                       limit=args.limit, per_category=args.per_category,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,

@@ -23,6 +23,7 @@ from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import machine, markdown_table, write_json
 from paradec.draft.oracle import OracleDrafter
 from paradec.errors import ParadecError
+from paradec.parallel.quality import nll, parses
 
 PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
            "specinfer+ngram": {"method": "specinfer", "with_ngram": True}, "pld": {"method": "pld"},
@@ -32,7 +33,8 @@ PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
            "propd": {"method": "propd"}}
 NEEDS_HEADS = ("medusa", "medusa+prune", "medusa+dynamic", "propd")
 HF = ("hf", "hf-assisted", "hf-pld")
-METHODS = (*PARADEC, "oracle", *HF)
+ASPD = ("aspd", "seq-twin")  # the ASPD model's hybrid decoding; `ar` of its Seq twin (--twin)
+METHODS = (*PARADEC, "oracle", *HF, *ASPD)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class BenchConfig:
     out: str
     drafts: tuple[str, ...] = ()
     heads: str | None = None
+    twin: str | None = None  # the Seq twin of an ASPD model (seq-twin; NLL reference)
     limit: int | None = None
     per_category: int | None = None
     max_new_tokens: int = 128
@@ -65,6 +68,10 @@ class BenchConfig:
             raise ParadecError("specinfer and hf-assisted need a draft model; pass --draft PATH")
         if any(m in NEEDS_HEADS for m in self.methods) and not self.heads:
             raise ParadecError("medusa and propd need Medusa heads; pass --heads PATH")
+        if "seq-twin" in self.methods and not self.twin:
+            raise ParadecError("seq-twin needs the Seq twin of the ASPD model; pass --twin PATH")
+        if "aspd" in self.methods and self.temperature > 0:
+            raise ParadecError("aspd decodes greedily; drop --temperature")
 
 
 class Runners:
@@ -74,6 +81,7 @@ class Runners:
         self.cfg = cfg
         self.engine = paradec.load(cfg.model, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
                                    heads=cfg.heads)
+        self.twin = paradec.load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.hf = self.hf_draft = None
         if any(m in HF for m in cfg.methods):
             import transformers
@@ -100,6 +108,12 @@ class Runners:
                 drafter = OracleDrafter([p + r for p, r in zip(batch, reference)], (1,) * self.cfg.oracle_depth,
                                         1.0, vocab)
             out = self.engine.generate(batch, drafter=drafter, **PARADEC.get(method, {}), **self.options())
+            return [g.token_ids for g in out], [g.stats for g in out]
+        if method == "aspd":  # counted in tokens of the plain text users get (markup is overhead)
+            out = self.engine.generate(batch, method="aspd", **self.options())
+            return [self.engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
+        if method == "seq-twin":
+            out = self.twin.generate(batch, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
         return self._run_hf(method, batch), [None] * len(batch)
 
@@ -164,8 +178,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         for m in methods:
             wall, tokens, stats = sorted(timings[m], key=lambda x: x[0])[len(timings[m]) // 2]
             refs = reference or [None] * len(group)
-            for p, toks, st, ref in zip(group, tokens, stats, refs):
+            for p, ids, toks, st, ref in zip(group, batch, tokens, stats, refs):
                 records.append(_record(p, m, wall, len(batch), toks, st, ref))
+                if runners.twin is not None and m in ("ar", *ASPD):  # quality vs the Seq twin
+                    records[-1]["nll_twin"] = nll(runners.twin.model, ids, toks)
+                    records[-1]["parses"] = parses(tok.decode(toks))
     bar.close()
     summary = summarize(records, methods)
     return {"config": {k: v for k, v in cfg.__dict__.items()}, "machine": machine(),
@@ -176,7 +193,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
 def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], stats, reference) -> dict:
     rec = {"prompt_id": p.id, "category": p.category, "method": method, "batch": batch,
            "new_tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
-           "identical_to_ar": None if reference is None else tokens == reference}
+           "identical_to_ar": None if reference is None or method in ASPD else tokens == reference}
+    if stats is not None and stats.extra.get("degree_of_parallelism") is not None:
+        rec["degree_of_parallelism"] = stats.extra["degree_of_parallelism"]
     if stats is not None:
         rec.update(tau=stats.tau, steps=stats.steps, accept_per_depth=stats.accept_per_depth,
                    nodes_per_step=stats.nodes / max(1, stats.steps),
@@ -201,7 +220,8 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                 ratios = [r["tokens_per_s"] / by[(r["prompt_id"], base)]["tokens_per_s"]
                           for r in mine if (r["prompt_id"], base) in by]
                 row[f"speedup_vs_{base}"] = statistics.mean(ratios) if ratios else None
-            for key in ("tau", "nodes_per_step", "verified_per_step", "target_share", "ms_per_step"):
+            for key in ("tau", "nodes_per_step", "verified_per_step", "target_share", "ms_per_step",
+                        "nll_twin", "parses", "degree_of_parallelism"):
                 vals = [r[key] for r in mine if r.get(key) is not None]
                 row[key] = statistics.mean(vals) if vals else None
             depth = [r["accept_per_depth"] for r in mine if r.get("accept_per_depth")]
@@ -221,9 +241,11 @@ def write_outputs(result: dict, out_dir: str | Path) -> str:
     out_dir = Path(out_dir)
     rows = [r for r in result["summary"] if r["category"] == "all"]
     cats = [r for r in result["summary"] if r["category"] != "all"]
-    table = markdown_table(rows, COLUMNS)
+    columns = COLUMNS + [c for c in ("degree_of_parallelism", "nll_twin", "parses")
+                         if any(r.get(c) is not None for r in rows)]
+    table = markdown_table(rows, columns)
     if len({r["category"] for r in cats}) > 1:
-        table += "\n\nPer category:\n\n" + markdown_table(cats, COLUMNS)
+        table += "\n\nPer category:\n\n" + markdown_table(cats, columns)
     write_json(result, out_dir / "results.json")
     (out_dir / "results.md").write_text(table + "\n")
     _plots(result, out_dir)

@@ -21,9 +21,13 @@ def load_prompts(path: str | Path, limit: int | None = None, per_category: int |
     """Read prompts; the format is told by the file's records, not its name.
 
     jsonl records with ``turns`` (Spec-Bench, MT-bench: the first turn), or ``prompt``
-    (HumanEval); any other file is one prompt per non-empty line. ``per_category`` keeps the
+    (HumanEval); any other file is one prompt per non-empty line. ``stdlib:heldout`` builds
+    prompts that invite several functions from this Python's own held-out stdlib files. ``per_category`` keeps the
     first k of each category (Spec-Bench orders questions by category), then ``limit`` applies.
     """
+    if str(path).startswith("stdlib:"):
+        out = stdlib_group_prompts(str(path).split(":", 1)[1])
+        return out[:limit] if limit else out
     path = Path(path)
     if not path.is_file():
         raise ParadecError(f"prompt file {str(path)!r} does not exist; pass --prompts FILE "
@@ -62,4 +66,29 @@ def load_prompts(path: str | Path, limit: int | None = None, per_category: int |
     out = out[:limit] if limit else out
     if not out:
         raise ParadecError(f"prompt file {path} has no prompts")
+    return out
+
+
+def stdlib_group_prompts(split: str = "heldout", before: int = 600) -> list[Prompt]:
+    """Code that is followed by several independent functions in the stdlib: for every group
+    ``paradec.parallel.extract.code_groups`` accepts in a held-out file (never trained on), the
+    ~``before`` characters (whole lines) before the group's first function. The files come
+    from the running Python, so nothing is downloaded and nothing is copied into the repo."""
+    from paradec.parallel.extract import code_groups
+    from paradec.train.corpus import is_held_out, stdlib_files
+
+    if split not in ("heldout", "train"):
+        raise ParadecError(f"unknown prompt source stdlib:{split}; use stdlib:heldout")
+    out = []
+    for rel, file in stdlib_files():
+        if is_held_out(rel) != (split == "heldout"):
+            continue
+        try:
+            source = file.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for g in code_groups(source):
+            start = g.branches[0].start
+            lo = source.rfind("\n", 0, max(0, start - before)) + 1
+            out.append(Prompt(f"{rel}:{source.count(chr(10), 0, start) + 1}", "stdlib-groups", source[lo:start]))
     return out

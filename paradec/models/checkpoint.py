@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from paradec.config import ModelConfig
 from paradec.errors import ParadecError
+from paradec.models.adapter import is_adapter, merge_into, read_adapter
 from paradec.models.llama import Transformer, rope_inv_freq
 
 # our name -> HF names concatenated along dim 0 ("{i}" = layer index)
@@ -71,6 +72,11 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
     if not model_dir.is_dir():
         raise ParadecError(f"model directory {str(model_dir)!r} does not exist; pass --model PATH "
                            "to a Hugging Face-format directory (config.json + *.safetensors)")
+    if is_adapter(model_dir):  # base + LoRA merged in fp32, then cast
+        acfg, base, tensors = read_adapter(model_dir)
+        model = load_model(base, torch.float32, "cpu")
+        merge_into(model, acfg, tensors, str(model_dir))
+        return model.to(device=device, dtype=dtype)
     cfg = ModelConfig.from_dir(model_dir)
     tensors = _read_tensors(model_dir)
     with torch.device("meta"):

@@ -1,0 +1,203 @@
+"""``paradec train aspd``: fine-tune a model to write ASPD markup, and its Seq twin.
+
+Data: windows of the stdlib's training files around groups of independent functions
+(``paradec.train.aspd_data``), marked up with the six ASPD tokens; every token of the window
+is a target. The ASPD model trains under the Indep mask with Same-Seq positions (a branch never
+sees its siblings, every branch of a group starts at the same position), exactly the layout the
+hybrid engine decodes with; the Seq twin trains on the same windows with the markup removed
+and a plain causal mask: the fair baseline for speed and quality.
+
+Both are LoRA adapters over every linear of every layer, plus trained embedding rows for the
+ASPD tokens (the base never saw them), on a frozen base; a few MB each, merged at load time.
+State (adapter, AdamW, step, RNG) is saved atomically every ``save_every`` steps, so a killed
+run resumes; ``log.jsonl`` keeps the loss curve with held-out losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+from tqdm import tqdm
+
+from paradec.errors import ParadecError
+from paradec.models import load_model
+from paradec.models.adapter import Adapter, AdapterConfig
+from paradec.train.aspd_data import Example, collate, examples_from_sources
+from paradec.train.corpus import read_split
+from paradec.train.tokenizer import ASPD_TOKENS
+
+
+@dataclass(frozen=True)
+class AspdTrainConfig:
+    twin: bool = False  # the Seq twin: same windows, no markup, causal mask
+    rank: int = 32
+    alpha: float = 32.0
+    epochs: float = 1.0
+    batch_size: int = 8
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    save_every: int = 25
+    max_tokens: int = 512  # longest marked window
+    seed: int = 0
+    minutes: float | None = None  # wall-clock budget of this invocation (rerun to resume)
+
+
+def load_examples(tokenizer, run_dir: Path, max_tokens: int) -> tuple[list[Example], list[Example]]:
+    """(train, held-out) examples, cached in ``run_dir/examples.json`` (extraction takes ~1 min)."""
+    path = run_dir / "examples.json"
+    if path.exists():
+        raw = json.loads(path.read_text())
+    else:
+        raw = {}
+        for name, held in (("train", False), ("heldout", True)):
+            raw[name] = [asdict(e) for e in examples_from_sources(read_split(held), tokenizer, max_tokens)]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(raw))
+        tmp.replace(path)
+    return ([Example(**e) for e in raw["train"]], [Example(**e) for e in raw["heldout"]])
+
+
+def special_ids(tokenizer) -> dict[str, int]:
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ASPD_TOKENS}
+    if any(i is None or i == tokenizer.unk_token_id for i in ids.values()):
+        raise ParadecError("the base model's tokenizer lacks the ASPD tokens <|title|> ... <|/branch|>; "
+                           "use a tokenizer from `paradec train tokenizer` (the zoo's has them)")
+    return ids
+
+
+def _lr(step: int, total: int, cfg: AspdTrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+def _loss(model, adapter, seqs: list[list[int]], branch_open: int | None, branch_close: int | None) -> torch.Tensor:
+    x, y, pos, mask = collate(seqs, branch_open, branch_close)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = functional_call(model, adapter.merged(model), (x, pos, mask))
+    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, cfg: AspdTrainConfig) -> dict:
+    """Train (or resume) one adapter in ``run_dir``; export it to ``out_dir``; returns the summary."""
+    from transformers import AutoTokenizer
+
+    base_dir, out_dir, run_dir = Path(base_dir), Path(out_dir), Path(run_dir)
+    if not (base_dir / "tokenizer.json").is_file():
+        raise ParadecError(f"no tokenizer.json in {base_dir}; pass --base PATH to a paradec-trained model")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
+    ids = special_ids(tok)
+    train, held = load_examples(tok, run_dir.parent, cfg.max_tokens)
+    field = "plain" if cfg.twin else "marked"
+    train_seqs = [getattr(e, field) for e in train]
+    held_seqs = [getattr(e, field) for e in held]
+    b_open, b_close = (None, None) if cfg.twin else (ids["<|branch|>"], ids["<|/branch|>"])
+
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    model = load_model(base_dir, torch.float32).requires_grad_(False)
+    token_ids = () if cfg.twin else tuple(sorted(ids.values()))
+    acfg = AdapterConfig(base="", rank=cfg.rank, alpha=cfg.alpha, token_ids=token_ids)
+    adapter = Adapter(model, acfg)
+    opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
+    per_epoch = len(train_seqs) // cfg.batch_size
+    total = max(1, int(cfg.epochs * per_epoch))
+    step, tokens_seen, elapsed = 0, 0, 0.0
+    state_path = run_dir / "state.pt"
+    if state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        adapter.load_state_dict(st["adapter"])
+        opt.load_state_dict(st["opt"])
+        step, tokens_seen, elapsed = st["step"], st["tokens_seen"], st["elapsed"]
+
+    def order(epoch: int) -> np.ndarray:
+        return np.random.default_rng(cfg.seed + epoch).permutation(len(train_seqs))
+
+    @torch.no_grad()
+    def heldout_loss() -> float:
+        losses = [_loss(model, adapter, held_seqs[i: i + 16], b_open, b_close).item()
+                  for i in range(0, len(held_seqs), 16)]
+        return round(float(np.mean(losses)), 4)
+
+    def checkpoint() -> None:
+        _save_atomic({"adapter": adapter.state_dict(), "opt": opt.state_dict(), "step": step,
+                      "tokens_seen": tokens_seen, "elapsed": elapsed + time.perf_counter() - t0,
+                      "config": asdict(cfg)}, state_path)
+
+    log = (run_dir / "log.jsonl").open("a")
+    budget = cfg.minutes * 60 if cfg.minutes else float("inf")
+    bar = tqdm(total=total, initial=step, desc=run_dir.name, unit="step", dynamic_ncols=True)
+    last_eval = None
+    if step == 0:
+        log.write(json.dumps({"step": 0, "heldout_loss": heldout_loss()}) + "\n")
+    while step < total and time.perf_counter() - t0 < budget:
+        epoch, k = divmod(step, per_epoch)
+        batch = [train_seqs[i] for i in order(epoch)[k * cfg.batch_size: (k + 1) * cfg.batch_size]]
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, total, cfg)
+        loss = _loss(model, adapter, batch, b_open, b_close)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(adapter.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        tokens_seen += sum(len(s) - 1 for s in batch)
+        rec = {"step": step, "loss": round(loss.item(), 4), "tokens_seen": tokens_seen,
+               "elapsed_s": round(elapsed + time.perf_counter() - t0, 1)}
+        if step % cfg.eval_every == 0 or step == total:
+            last_eval = rec["heldout_loss"] = heldout_loss()
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        bar.update(1)
+        bar.set_postfix(loss=rec["loss"], heldout=last_eval)
+        if step % cfg.save_every == 0:
+            checkpoint()
+    bar.close()
+    checkpoint()
+    elapsed += time.perf_counter() - t0
+    summary = {"kind": "seq-twin" if cfg.twin else "aspd", "steps": step, "total_steps": total,
+               "train_examples": len(train_seqs), "heldout_examples": len(held_seqs),
+               "tokens_seen": tokens_seen, "wall_s": round(elapsed, 1), "heldout_loss": heldout_loss(),
+               "trainable_params": sum(p.numel() for p in adapter.parameters()), "done": step >= total,
+               "config": asdict(cfg)}
+    if summary["done"]:
+        export_adapter(adapter, base_dir, out_dir, summary)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def export_adapter(adapter: Adapter, base_dir: Path, out_dir: Path, summary: dict) -> None:
+    """adapter files + tokenizer into ``out_dir``, base recorded relative to it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        base = Path(os.path.relpath(base_dir.resolve(), out_dir.resolve())).as_posix()
+    except ValueError:  # another drive (Windows)
+        base = str(base_dir.resolve())
+    adapter.cfg = AdapterConfig(**{**asdict(adapter.cfg), "base": base})
+    adapter.save(out_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (base_dir / name).is_file():
+            shutil.copyfile(base_dir / name, out_dir / name)
+    (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
