@@ -90,7 +90,7 @@ class Engine:
         if gen.method == "aspd":
             from paradec.parallel.decode import generate_aspd
 
-            out = [generate_aspd(self, self._encode(p, chat), gen) for p in batch]
+            out = generate_aspd(self, [self._encode(p, chat) for p in batch], gen)
             return out[0] if single else out
         rows = self._rows([self._encode(p, chat) for p in batch], gen)
         for _ in self._decode(rows, gen, drafter):

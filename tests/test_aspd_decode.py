@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import paradec
-from paradec.parallel.decode import Specials, aspd_decode
+from paradec.parallel.decode import Specials, aspd_decode, aspd_decode_batch
 from paradec.parallel.layout import layout
 from paradec.testing import make_checkpoint, make_tokenizer, stdlib_text
 from paradec.train.tokenizer import ASPD_TOKENS
@@ -85,3 +85,19 @@ def test_generate_method_aspd_returns_plain_text(aspd_engine):
     g = aspd_engine.generate(_prompt(aspd_engine), method="aspd", max_new_tokens=30, ignore_eos=True)
     assert "<|branch|>" not in g.text and "<|title|>" not in g.text
     assert g.stats.extra["branches"] == 3 and g.stats.steps < g.stats.new_tokens
+
+
+def test_batch_equals_each_prompt_alone(aspd_engine):
+    """Rows in different modes (one opens a group at once, one decodes serially with another
+    plan, one is short) share every pass, padded; each row's tokens are its solo tokens."""
+    engine = aspd_engine
+    sp = Specials.from_tokenizer(engine.tokenizer.hf)
+    prompts = [_prompt(engine), _prompt(engine, ("x", "yy")), engine.tokenizer.encode("def f(a):\n")]
+    solo = [aspd_decode(engine.model, sp, p, 40, frozenset(), max_branch_tokens=10)[0] for p in prompts]
+    batch = [ids for ids, _ in aspd_decode_batch(engine.model, sp, prompts, 40, frozenset(), max_branch_tokens=10)]
+    assert batch == solo
+    assert sp.para not in prompts[2] and all(len(ids) == 40 for ids in batch)
+    together = engine.generate(prompts, method="aspd", max_new_tokens=40, ignore_eos=True)
+    alone = [engine.generate(p, method="aspd", max_new_tokens=40, ignore_eos=True) for p in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    assert [g.text for g in together] == [g.text for g in alone]

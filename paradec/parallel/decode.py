@@ -105,117 +105,182 @@ def _titles(history: list[int], sp: Specials) -> list[list[int]]:
     return out
 
 
-def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
-                record: bool = False, max_branch_tokens: int = 512) -> tuple[list[int], AspdStats]:
-    """Greedy ASPD decoding of one prompt. Returns the marked-up new tokens (titles, markers and
-    branches in branch order — the flattened sequence the model was trained on) and stats."""
+@dataclass
+class _Item:
+    """One token fed in a pass: it may see slots [0, upto) and ``extra`` (absolute, own slot included)."""
+
+    token: int
+    position: int
+    upto: int
+    extra: list[int]
+    branch: int = -1  # branch index in its group, -1 for serial tokens
+
+
+class _RowDecoder:
+    """One prompt's state machine: serial mode under the grammar, parallel mode on <|para|>."""
+
+    def __init__(self, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
+                 vocab: int, max_branch_tokens: int) -> None:
+        self.sp, self.eos, self.vocab = sp, eos, vocab
+        self.max_new, self.max_branch = max_new_tokens, max_branch_tokens
+        self.history = list(prompt)  # flattened sequence: prompt + everything generated
+        self.new: list[int] = []
+        self.root, self.just_merged = prompt[-1], False
+        self.done = max_new_tokens < 1
+        self.parallel = False
+        self.stats = AspdStats()
+        self.fed_items: list[_Item] = []
+
+    # ---- what to feed ----------------------------------------------------------------------
+    def items(self, length: int) -> list[_Item]:
+        """Tokens to feed now; ``length`` = this row's committed cache length."""
+        if self.done:
+            return []
+        if self.parallel and not self._todo():
+            self._merge()
+        if not self.parallel and len(self.new) >= self.max_new:
+            self.done = True
+            return []
+        if not self.parallel and self.root == self.sp.para:
+            self._open_group(length)
+        if not self.parallel:  # serial: the root sees everything before it
+            self.fed_items = [_Item(self.root, length, length + 1, [])]
+            return self.fed_items
+        items = []
+        if self.first:  # <|para|> and every branch's first token in one pass
+            items.append(_Item(self.sp.para, self.para_slot, self.para_slot + 1, []))
+        for i in self._todo():
+            slot = length + len(items)
+            self.branch_slots[i].append(slot)
+            items.append(_Item(self.branch_tokens[i][self.fed[i]], self.para_slot + 1 + self.fed[i],
+                               self.para_slot + 1, list(self.branch_slots[i]), i))
+            self.fed[i] += 1
+        self.fed_items = items
+        return items
+
+    def _todo(self) -> list[int]:
+        return [i for i in range(len(self.titles)) if self.fed[i] < len(self.branch_tokens[i])]
+
+    def _open_group(self, length: int) -> None:
+        sp = self.sp
+        self.titles = _titles(self.history, sp)
+        self.forced = [[sp.branch, *t, *sp.colon_space] for t in self.titles]
+        self.para_slot = length  # <|para|> ends `history` but is not in the cache yet
+        self.branch_slots: list[list[int]] = [[] for _ in self.titles]
+        self.branch_tokens = [[f[0]] for f in self.forced]
+        self.fed = [0] * len(self.titles)
+        self.first, self.parallel = True, True
+
+    def _merge(self) -> None:
+        """Branches in order into the flattened sequence; <|/para|> continues serially."""
+        for toks in self.branch_tokens:
+            self.history.extend(toks)
+            self.new.extend(toks)
+            self.stats.parallel_tokens += len(toks)
+        self.stats.groups += 1
+        self.stats.branches += len(self.titles)
+        self.history.append(self.sp.end_para)
+        self.new.append(self.sp.end_para)
+        self.root, self.just_merged, self.parallel = self.sp.end_para, True, False
+
+    # ---- what came out ---------------------------------------------------------------------
+    def consume(self, logits: torch.Tensor) -> None:
+        """logits [len(fed items), vocab] of the pass that fed ``self.fed_items``."""
+        sp = self.sp
+        self.stats.steps += 1
+        if not self.parallel:
+            allowed = serial_mask(sp, self.history, self.just_merged, self.vocab).to(logits.device)
+            tok = int(logits[-1].float().masked_fill(~allowed, float("-inf")).argmax())
+            self.just_merged = False
+            self.history.append(tok)
+            self.new.append(tok)
+            self.root = tok
+            self.done = tok in self.eos
+            return
+        self.stats.parallel_steps += 1
+        out = logits[1:] if self.first else logits
+        self.first = False
+        todo = [it.branch for it in self.fed_items if it.branch >= 0]
+        budget_left = self.max_new - len(self.new) - sum(len(b) for b in self.branch_tokens)
+        suppress = [sp.title, sp.end_title, sp.para, sp.end_para, sp.branch]
+        for k, i in enumerate(todo):
+            if self.branch_tokens[i][-1] == sp.end_branch:
+                continue  # its end marker has just entered the cache: the branch is done
+            n_have = len(self.branch_tokens[i])
+            if n_have < len(self.forced[i]):
+                nxt = self.forced[i][n_have]
+            else:
+                row = out[k].float()
+                row[suppress] = float("-inf")
+                nxt = int(row.argmax())
+                if nxt in self.eos or n_have >= self.max_branch or budget_left <= len(todo):
+                    nxt = sp.end_branch
+            self.branch_tokens[i].append(nxt)
+
+
+def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
+                      record: bool = False, max_branch_tokens: int = 512) -> list[tuple[list[int], AspdStats]]:
+    """Greedy ASPD decoding of a batch: one forward pass per step for all rows, each row in its
+    own mode (serial: one token; parallel: one token per active branch), padded to the widest.
+    Returns per prompt the marked-up new tokens (titles, markers and branches in branch order —
+    the flattened sequence the model was trained on) and stats."""
     dev = model.embed.weight.device
     vocab = model.config.vocab_size
-    stats = AspdStats()
     t0 = time.perf_counter()
-    cache = model.new_cache(1, len(prompt) + 4 * max_new_tokens + 64)
-    history = list(prompt)  # flattened sequence: prompt + everything generated
+    rows = [_RowDecoder(sp, p, max_new_tokens, eos, vocab, max_branch_tokens) for p in prompts]
+    cache = model.new_cache(len(prompts), max(len(p) for p in prompts) + 4 * max_new_tokens + 64)
 
-    def forward(tokens: list[int], positions: list[int], mask_rows: list[list[int]] | None,
-                branches: list[int] | None = None):
-        """One pass over new tokens appended at the end of the cache; commits them all."""
-        length = cache.lengths[0]
-        n = len(tokens)
-        mask = None
-        if mask_rows is not None:
-            mask = torch.zeros(1, 1, n, length + n, dtype=torch.bool)
-            for i, vis in enumerate(mask_rows):
-                mask[0, 0, i, vis] = True
-        x = torch.tensor([tokens], device=dev)
-        pos = torch.tensor([positions], device=dev)
-        logits = model(x, pos, None if mask is None else mask.to(dev), cache)[0]
-        if record:
-            for i, tok in enumerate(tokens):
-                vis = mask_rows[i] if mask_rows is not None else list(range(length + i + 1))
-                stats.trace.append((tok, positions[i], vis, branches[i] if branches else -1))
-        cache.advance(0, n)
+    def forward(items: list[list[_Item]]) -> torch.Tensor:
+        """One pass: row r's items go to its next len(items[r]) slots and are committed."""
+        n = max(len(it) for it in items)
+        starts = cache.starts()
+        x = torch.zeros(len(items), n, dtype=torch.long)
+        pos = torch.zeros(len(items), n, dtype=torch.long)
+        mask = torch.zeros(len(items), 1, n, max(starts) + n, dtype=torch.bool)
+        for r, its in enumerate(items):
+            for i, it in enumerate(its):
+                x[r, i], pos[r, i] = it.token, it.position
+                mask[r, 0, i, : it.upto] = True
+                mask[r, 0, i, it.extra] = True
+                if record:
+                    vis = list(range(it.upto)) + [e for e in it.extra if e >= it.upto]
+                    rows[r].stats.trace.append((it.token, it.position, vis, it.branch))
+            for i in range(len(its), n):  # padding: sees its own slot only, never committed
+                mask[r, 0, i, starts[r] + i] = True
+        logits = model(x.to(dev), pos.to(dev), mask.to(dev), cache)  # [batch, n, vocab]
+        for r, its in enumerate(items):
+            cache.advance(r, len(its))
         return logits
 
     with torch.inference_mode():
-        if len(prompt) > 1:  # prefill all but the last token, like the main engine
-            forward(prompt[:-1], list(range(len(prompt) - 1)), [list(range(i + 1)) for i in range(len(prompt) - 1)])
-        root, just_merged = prompt[-1], False
-        new: list[int] = []
-        while len(new) < max_new_tokens:
-            if root != sp.para:  # ---- serial mode ------------------------------------------------
-                length = cache.lengths[0]
-                logits = forward([root], [length], None if not record else [list(range(length + 1))])
-                stats.steps += 1
-                allowed = serial_mask(sp, history, just_merged, vocab)
-                tok = int(logits[-1].float().masked_fill(~allowed.to(dev), float("-inf")).argmax())
-                just_merged = False
-                history.append(tok)
-                new.append(tok)
-                if tok in eos:
-                    break
-                root = tok
-                continue
-            # ---- parallel mode: <|para|> ends `history` but is not in the cache yet -------------
-            titles = _titles(history, sp)
-            forced = [[sp.branch, *t, *sp.colon_space] for t in titles]
-            para_slot = cache.lengths[0]  # <|para|> goes here, at position para_slot
-            prefix = list(range(para_slot + 1))
-            branch_slots: list[list[int]] = [[] for _ in titles]
-            branch_tokens: list[list[int]] = [[f[0]] for f in forced]
-            fed = [0] * len(titles)  # tokens of each branch already in the cache
-            suppress = [sp.title, sp.end_title, sp.para, sp.end_para, sp.branch]
-            first = True
-            while True:
-                todo = [i for i in range(len(titles)) if fed[i] < len(branch_tokens[i])]
-                budget_left = max_new_tokens - len(new) - sum(len(b) for b in branch_tokens)
-                if not todo:
-                    break
-                tokens, positions, rows, tags = [], [], [], []
-                if first:  # <|para|> and every branch's first token in one pass
-                    tokens, positions, rows, tags = [sp.para], [para_slot], [prefix], [-1]
-                for i in todo:
-                    slot = cache.lengths[0] + len(tokens)
-                    tokens.append(branch_tokens[i][fed[i]])
-                    positions.append(para_slot + 1 + fed[i])
-                    rows.append(prefix + branch_slots[i] + [slot])
-                    tags.append(i)
-                    branch_slots[i].append(slot)
-                    fed[i] += 1
-                logits = forward(tokens, positions, rows, tags)
-                stats.steps += 1
-                stats.parallel_steps += 1
-                out = logits[1:] if first else logits
-                first = False
-                for k, i in enumerate(todo):
-                    if branch_tokens[i][-1] == sp.end_branch:
-                        continue  # its end marker has just entered the cache: the branch is done
-                    n_have = len(branch_tokens[i])
-                    if n_have < len(forced[i]):
-                        nxt = forced[i][n_have]
-                    else:
-                        row = out[k].float()
-                        row[suppress] = float("-inf")
-                        nxt = int(row.argmax())
-                        if nxt in eos or n_have >= max_branch_tokens or budget_left <= len(todo):
-                            nxt = sp.end_branch
-                    branch_tokens[i].append(nxt)
-            # ---- merge: branches in order; <|/para|> continues serially on the same cache -------
-            for toks in branch_tokens:
-                history.extend(toks)
-                new.extend(toks)
-                stats.parallel_tokens += len(toks)
-            stats.groups += 1
-            stats.branches += len(titles)
-            history.append(sp.end_para)
-            new.append(sp.end_para)
-            root, just_merged = sp.end_para, True
-    stats.new_tokens = len(new)
-    stats.wall_s = time.perf_counter() - t0
-    return new[:max_new_tokens], stats
+        prefill = [[_Item(t, i, i + 1, []) for i, t in enumerate(p[:-1])] for p in prompts]
+        if any(prefill):  # all but the last token, like the main engine
+            forward(prefill)
+        while True:
+            items = [row.items(cache.lengths[r]) for r, row in enumerate(rows)]
+            if not any(items):
+                break
+            logits = forward(items)
+            for r, (row, its) in enumerate(zip(rows, items)):
+                if its:
+                    row.consume(logits[r, : len(its)])
+    wall = time.perf_counter() - t0
+    out = []
+    for row in rows:
+        row.stats.new_tokens = len(row.new[:max_new_tokens])
+        row.stats.wall_s = wall
+        out.append((row.new[:max_new_tokens], row.stats))
+    return out
 
 
-def generate_aspd(engine, prompt: list[int], gen):
-    """``Engine.generate(method="aspd")`` for one prompt: greedy hybrid decoding, plain text out."""
+def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
+                record: bool = False, max_branch_tokens: int = 512) -> tuple[list[int], AspdStats]:
+    """``aspd_decode_batch`` for one prompt."""
+    return aspd_decode_batch(model, sp, [prompt], max_new_tokens, eos, record, max_branch_tokens)[0]
+
+
+def generate_aspd(engine, prompts: list[list[int]], gen):
+    """``Engine.generate(method="aspd")``: greedy hybrid decoding of a batch, plain text out."""
     from paradec.parallel.markup import strip_markup
     from paradec.state import Generation, Stats
 
@@ -224,13 +289,15 @@ def generate_aspd(engine, prompt: list[int], gen):
     hf = engine.tokenizer.hf
     sp = Specials.from_tokenizer(hf)
     eos = frozenset() if gen.ignore_eos else engine.tokenizer.eos_ids
-    budget = min(gen.max_new_tokens, engine.model.config.context_length - len(prompt))
-    ids, st = aspd_decode(engine.model, sp, prompt, budget, eos)
-    text = strip_markup(hf.decode(ids, skip_special_tokens=False))
-    for special in hf.all_special_tokens:  # EOS and any other leftovers
-        text = text.replace(special, "")
-    stats = Stats("aspd", new_tokens=len(ids), steps=st.steps, wall_s=st.wall_s,
-                  extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
-                         "groups": st.groups, "branches": st.branches,
-                         "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
-    return Generation(text, ids, "eos" if ids and ids[-1] in eos else "length", stats)
+    budget = min(gen.max_new_tokens, engine.model.config.context_length - max(len(p) for p in prompts))
+    out = []
+    for ids, st in aspd_decode_batch(engine.model, sp, prompts, budget, eos):
+        text = strip_markup(hf.decode(ids, skip_special_tokens=False))
+        for special in hf.all_special_tokens:  # EOS and any other leftovers
+            text = text.replace(special, "")
+        stats = Stats("aspd", new_tokens=len(ids), steps=st.steps, wall_s=st.wall_s,
+                      extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
+                             "groups": st.groups, "branches": st.branches,
+                             "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
+        out.append(Generation(text, ids, "eos" if ids and ids[-1] in eos else "length", stats))
+    return out
