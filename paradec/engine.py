@@ -156,7 +156,9 @@ class Engine:
             prior = heads.rank_accuracy or [[0.5 ** (r + 1) for r in range(8)] for _ in heads.medusa.blocks]
             static = None if spec.dynamic else (spec.tree_nodes if spec.tree_nodes is not None else
                                                 heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
-            return HeadDrafter(heads, self.model.lm_head, TreePolicy(prior, static), max_rank=len(prior[0]))
+            lower = heads.early_layer / self.model.config.num_layers if spec.prune else None
+            return HeadDrafter(heads, self.model.lm_head, TreePolicy(prior, static, lower_share=lower),
+                               max_rank=len(prior[0]))
         return None
 
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter=None) -> Iterator[StepEvent]:
@@ -202,7 +204,8 @@ class Engine:
                         row.stats.wall_s = time.perf_counter() - start
                     yield StepEvent(b, committed)
                 if drafter is not None and hasattr(drafter, "step_done"):
-                    drafter.step_done(len(rows) * max(len(p.tree) for p in proposals), time.perf_counter() - t_step)
+                    drafter.step_done(len(rows), max(drafted), max(len(p.tree) for p in proposals),
+                                      time.perf_counter() - t_step)
 
     def _prefill(self, rows: list[Row], cache) -> None:
         """Put every token but the root of each row into the cache (right-padded batch)."""

@@ -73,5 +73,7 @@ class HeadDrafter:
                 self.policy.stats.observe(d, row_guesses.index(actual[d]) if actual[d] in row_guesses else None)
         self.hidden[row] = hidden
 
-    def step_done(self, tokens_verified: int, seconds: float) -> None:
-        self.policy.latency.observe(tokens_verified, seconds)
+    def step_done(self, batch: int, drafted: int, verified: int, seconds: float) -> None:
+        """A step's wall time for ``batch`` rows padded to ``drafted`` tree nodes, ``verified``
+        of which survived pruning into the upper layers."""
+        self.policy.observe_step(batch, drafted, verified, seconds)

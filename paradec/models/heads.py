@@ -41,8 +41,9 @@ class MedusaHeads(nn.Module):
         self.blocks = nn.ModuleList(ResBlock(hidden) for _ in range(num_heads))
 
     def forward(self, hn: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
-        """hn [..., hidden] (final-normed) -> logits [..., heads, vocab]."""
-        return torch.stack([lm_head(block(hn)) for block in self.blocks], dim=-2)
+        """hn [..., hidden] (final-normed) -> logits [..., heads, vocab]. One LM-head call for
+        all heads: on a CPU (or at batch 1 on a GPU) it reads the vocab matrix once, not K times."""
+        return lm_head(torch.stack([block(hn) for block in self.blocks], dim=-2))
 
 
 class EarlyHead(nn.Module):

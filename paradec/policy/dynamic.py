@@ -3,7 +3,8 @@ maximizes expected tokens per second for the current batch.
 
 - ``RankStats``: P(the target's token at depth d is head d's rank-r guess), updated online from
   what the target produced, with exponential forgetting (recent steps weigh more).
-- ``LatencyModel``: weighted least squares of step time on verified tokens (batch x nodes),
+- ``LatencyModel``: weighted least squares of step time on verified tokens (batch x nodes;
+  with early pruning, lower layers count every drafted node and upper layers the survivors),
   recent measurements weighing more.
 - ``TreePolicy``: for each candidate size n, the tree is the top-n rank paths by score (always
   a valid tree); expected tokens per step = 1 + sum of node scores; choose
@@ -76,9 +77,14 @@ class TreePolicy:
     """Chooses the rank paths of the next tree. ``static_nodes`` fixes the size (Medusa)."""
 
     def __init__(self, prior: list[list[float]], static_nodes: int | None = None,
-                 explore_every: int = 32, seed: int = 0) -> None:
+                 explore_every: int = 32, seed: int = 0, lower_share: float | None = None) -> None:
         self.stats = RankStats(prior)
         self.latency = LatencyModel()
+        # With early pruning, layers [0, m) see every drafted node and layers [m, L) the
+        # survivors: a pass costs about `lower_share * drafted + (1 - lower_share) * verified`
+        # tokens' worth; `keep` tracks the surviving share online.
+        self.lower_share = lower_share
+        self.keep = 1.0
         self.static_nodes = static_nodes
         self.explore_every = explore_every
         self.rng = random.Random(seed)
@@ -103,10 +109,24 @@ class TreePolicy:
         best, best_rate = 0, 0.0
         for n in SIZES:
             e = 1.0 + gain[min(n, len(order))]
-            rate = batch * e / self.latency.predict(batch * (n + 1))
+            rate = batch * e / self.latency.predict(self.cost_tokens(batch, n + 1))
             if rate > best_rate:
                 best, best_rate = n, rate
         return best
+
+    def cost_tokens(self, batch: int, drafted: float, verified: float | None = None) -> float:
+        """Token-equivalents a pass costs (the latency model's x); ``verified`` defaults to the
+        expected survivors of pruning."""
+        if self.lower_share is None:
+            return batch * drafted
+        if verified is None:
+            verified = 1 + (drafted - 1) * self.keep
+        return batch * (self.lower_share * drafted + (1 - self.lower_share) * verified)
+
+    def observe_step(self, batch: int, drafted: int, verified: int, seconds: float) -> None:
+        if self.lower_share is not None and drafted > 1:
+            self.keep = 0.9 * self.keep + 0.1 * (verified - 1) / (drafted - 1)
+        self.latency.observe(self.cost_tokens(batch, drafted, verified), seconds)
 
     def paths(self, n: int) -> list[tuple[int, ...]]:
         return top_paths(self.stats.probs(), n)

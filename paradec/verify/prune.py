@@ -46,7 +46,14 @@ def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, pro
     mask = mask.to(dev) if mask is not None else torch.ones(len(rows), 1, width, max(cache.lengths) + width,
                                                              dtype=torch.bool, device=dev)
     h = model.hidden(tokens, pos, mask, cache, 0, layer)  # [batch, width, hidden]
-    early_top = early(h, model.lm_head).topk(topk, dim=-1).indices.tolist()  # host sync: pruning is host logic
+    # the early head only where a verdict is needed: on nodes that have children (most are leaves)
+    parents = [sorted(set(p.tree.parents[1:])) for p in proposals]
+    flat = torch.tensor([b * width + i for b, ps in enumerate(parents) for i in ps], device=dev)
+    top = early(h.flatten(0, 1).index_select(0, flat), model.lm_head).topk(topk, dim=-1).indices.tolist()
+    early_top, k = [], 0  # host sync: pruning is host logic
+    for ps in parents:
+        early_top.append(dict(zip(ps, top[k: k + len(ps)])))
+        k += len(ps)
     pruned, slot_maps = [], []
     for b, prop in enumerate(proposals):
         tree = prop.tree
