@@ -99,8 +99,9 @@ def test_latency_model_recovers_linear_cost():
     assert lat.b == pytest.approx(0.002, rel=0.05)
 
 
-def _chosen(prior, a, b, batch=1):
-    policy = TreePolicy(prior)
+def _chosen(prior, a, b, batch=1, lower_share=None, keep=1.0):
+    policy = TreePolicy(prior, lower_share=lower_share)
+    policy.keep = keep
     policy.probe = []
     policy.explore_every = 10**9
     policy.latency = LatencyModel(a=a, b=b)
@@ -114,6 +115,18 @@ def test_tree_size_moves_the_right_way():
     assert cheap > dear  # verifying costs more per token -> a smaller tree
     assert _chosen(good, 0.010, 0.0003) >= _chosen(poor, 0.010, 0.0003)  # worse acceptance -> not larger
     assert _chosen(good, 0.010, 0.0003, batch=1) >= _chosen(good, 0.010, 0.0003, batch=8)  # bigger batch
+    # pruning that keeps few nodes makes upper layers cheap: a bigger tree pays at batch 8
+    unpruned = _chosen(good, 0.010, 0.001, batch=8, lower_share=0.25, keep=1.0)
+    assert _chosen(good, 0.010, 0.001, batch=8, lower_share=0.25, keep=0.2) > unpruned
+    assert unpruned == _chosen(good, 0.010, 0.001, batch=8)
+
+
+def test_policy_learns_the_share_pruning_keeps():
+    policy = TreePolicy([[0.5, 0.2]] * 2, lower_share=0.25)
+    for _ in range(100):
+        policy.observe_step(4, 17, 5, 0.02)  # 16 drafted nodes per row, 4 survive
+    assert policy.keep == pytest.approx(0.25, abs=0.01)
+    assert policy.cost_tokens(4, 17) == pytest.approx(4 * (0.25 * 17 + 0.75 * 5), rel=0.02)
 
 
 def test_top_paths_is_a_tree_of_best_scores():
