@@ -216,7 +216,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                 continue
             row = {"category": cat, "method": m, "prompts": len(mine),
                    "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine)}
-            for base in ("ar", "hf"):
+            for base in ("ar", "hf", *(["seq-twin"] if "seq-twin" in methods else [])):
                 ratios = [r["tokens_per_s"] / by[(r["prompt_id"], base)]["tokens_per_s"]
                           for r in mine if (r["prompt_id"], base) in by]
                 row[f"speedup_vs_{base}"] = statistics.mean(ratios) if ratios else None
@@ -241,7 +241,7 @@ def write_outputs(result: dict, out_dir: str | Path) -> str:
     out_dir = Path(out_dir)
     rows = [r for r in result["summary"] if r["category"] == "all"]
     cats = [r for r in result["summary"] if r["category"] != "all"]
-    columns = COLUMNS + [c for c in ("degree_of_parallelism", "nll_twin", "parses")
+    columns = COLUMNS + [c for c in ("speedup_vs_seq-twin", "degree_of_parallelism", "nll_twin", "parses")
                          if any(r.get(c) is not None for r in rows)]
     table = markdown_table(rows, columns)
     if len({r["category"] for r in cats}) > 1:
