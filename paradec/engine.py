@@ -157,7 +157,10 @@ class Engine:
             static = None if spec.dynamic else (spec.tree_nodes if spec.tree_nodes is not None else
                                                 heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
             lower = heads.early_layer / self.model.config.num_layers if spec.prune else None
-            return HeadDrafter(heads, self.model.lm_head, TreePolicy(prior, static, lower_share=lower),
+            recalls = heads.meta.get("early_topk_recall") or [0.8]
+            recall = recalls[min(spec.prune_topk, len(recalls)) - 1]
+            return HeadDrafter(heads, self.model.lm_head,
+                               TreePolicy(prior, static, lower_share=lower, recall=recall),
                                max_rank=len(prior[0]))
         return None
 
@@ -181,7 +184,8 @@ class Engine:
                     proposals = [Proposal.root_only(row.tokens[-1]) for row in rows]
                 drafted = [len(p.tree) for p in proposals]
                 t_fwd = time.perf_counter()
-                proposals, logits, hidden, slot_maps = self._verify(proposals, cache, gen)
+                prune = getattr(drafter, "prune_next", True)
+                proposals, logits, hidden, slot_maps, early_top = self._verify(proposals, cache, gen, prune)
                 if logits.device.type == "cuda":
                     torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
                 t_fwd = time.perf_counter() - t_fwd
@@ -195,6 +199,11 @@ class Engine:
                     cache.commit(b, [slot_maps[b][n] for n in nodes] if slot_maps else nodes)
                     if drafter:
                         drafter.commit(b, accepted, verdict.bonus, hidden[b, verdict.nodes[-1]])
+                    if early_top is not None and hasattr(drafter, "observe_recall"):
+                        # was the target's next token in the early head's top-k at the last node?
+                        top = early_top[b].get(slot_maps[b][verdict.nodes[-1]])
+                        if top is not None:
+                            drafter.observe_recall(verdict.bonus in top)
                     row.stats.steps += 1
                     row.stats.target_s += t_fwd
                     row.stats.nodes += drafted[b]
@@ -205,7 +214,7 @@ class Engine:
                     yield StepEvent(b, committed)
                 if drafter is not None and hasattr(drafter, "step_done"):
                     drafter.step_done(len(rows), max(drafted), max(len(p.tree) for p in proposals),
-                                      time.perf_counter() - t_step)
+                                      time.perf_counter() - t_step, early_top is not None)
 
     def _prefill(self, rows: list[Row], cache) -> None:
         """Put every token but the root of each row into the cache (right-padded batch)."""
@@ -223,18 +232,20 @@ class Engine:
         for b, n in enumerate(lengths):
             cache.advance(b, n)
 
-    def _verify(self, proposals: list[Proposal], cache, gen: GenerationConfig):
-        """One target pass over every row's tree (pruned inside the pass for ProPD).
+    def _verify(self, proposals: list[Proposal], cache, gen: GenerationConfig, prune: bool = True):
+        """One target pass over every row's tree (pruned inside the pass for ProPD, when the
+        method prunes and its policy says pruning pays this step).
 
         Returns the proposals as verified, logits [batch, width, vocab], final-normed hidden
-        states [batch, width, hidden], and per row the scratch slot of each verified node
-        (None when no node was dropped: node i is slot i).
+        states [batch, width, hidden], per row the scratch slot of each verified node (None
+        when no node was dropped: node i is slot i), and the early top-k (None unpruned).
         """
         heads = self.heads
-        if gen.spec.prune and heads is not None and heads.early is not None and max(len(p.tree) for p in proposals) > 1:
+        if (prune and gen.spec.prune and heads is not None and heads.early is not None
+                and max(len(p.tree) for p in proposals) > 1):
             return pruned_pass(self.model, heads.early, heads.early_layer, gen.spec.prune_topk, proposals, cache)
         logits, hidden = self._verify_forward([p.tree for p in proposals], cache)
-        return proposals, logits, hidden, None
+        return proposals, logits, hidden, None, None
 
     def _verify_forward(self, trees, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """One target pass: logits [batch, width, vocab], normed hidden [batch, width, hidden]."""

@@ -65,7 +65,7 @@ def test_pruned_pass_equals_full_pass_over_pruned_tree(engine):
     with torch.inference_mode():
         cache = engine.model.new_cache(1, 64)
         engine._prefill([paradec.state.Row(list(prompt), len(prompt), None, None)], cache)
-        pruned, logits, _, slots = pruned_pass(engine.model, engine.heads.early, 1, 256, [prop], cache)
+        pruned, logits, _, slots, _ = pruned_pass(engine.model, engine.heads.early, 1, 256, [prop], cache)
         kept = pruned[0].tree
         assert 1 < len(kept) < len(prop.tree)  # the test needs a partial pruning
         fresh = engine.model.new_cache(1, 64)
@@ -99,13 +99,18 @@ def test_latency_model_recovers_linear_cost():
     assert lat.b == pytest.approx(0.002, rel=0.05)
 
 
-def _chosen(prior, a, b, batch=1, lower_share=None, keep=1.0):
-    policy = TreePolicy(prior, lower_share=lower_share)
+def _policy(prior, a, b, lower_share=None, keep=1.0, recall=0.8):
+    policy = TreePolicy(prior, lower_share=lower_share, recall=recall)
     policy.keep = keep
     policy.probe = []
     policy.explore_every = 10**9
     policy.latency = LatencyModel(a=a, b=b)
-    return policy.choose(batch)
+    policy.latency_pruned = LatencyModel(a=a, b=b)
+    return policy
+
+
+def _chosen(prior, a, b, batch=1):
+    return _policy(prior, a, b).choose(batch)
 
 
 def test_tree_size_moves_the_right_way():
@@ -115,16 +120,26 @@ def test_tree_size_moves_the_right_way():
     assert cheap > dear  # verifying costs more per token -> a smaller tree
     assert _chosen(good, 0.010, 0.0003) >= _chosen(poor, 0.010, 0.0003)  # worse acceptance -> not larger
     assert _chosen(good, 0.010, 0.0003, batch=1) >= _chosen(good, 0.010, 0.0003, batch=8)  # bigger batch
-    # pruning that keeps few nodes makes upper layers cheap: a bigger tree pays at batch 8
-    unpruned = _chosen(good, 0.010, 0.001, batch=8, lower_share=0.25, keep=1.0)
-    assert _chosen(good, 0.010, 0.001, batch=8, lower_share=0.25, keep=0.2) > unpruned
-    assert unpruned == _chosen(good, 0.010, 0.001, batch=8)
+
+
+def test_policy_prunes_only_when_it_pays():
+    good = [[0.8, 0.1, 0.05, 0.02]] * 4
+    unpruned = _chosen(good, 0.010, 0.001, batch=8)
+    # an early head that keeps few nodes and never drops a right one: prune, and afford a bigger tree
+    policy = _policy(good, 0.010, 0.001, lower_share=0.25, keep=0.2, recall=1.0)
+    assert policy.choose(8) > unpruned and policy.prune_next
+    # one that drops right nodes often: the pruned tree's expected length is not worth it
+    policy = _policy(good, 0.010, 0.001, lower_share=0.25, keep=0.2, recall=0.3)
+    assert policy.choose(8) == unpruned and not policy.prune_next
+    for _ in range(500):
+        policy.observe_recall(True)
+    assert policy.recall > 0.95
 
 
 def test_policy_learns_the_share_pruning_keeps():
     policy = TreePolicy([[0.5, 0.2]] * 2, lower_share=0.25)
     for _ in range(100):
-        policy.observe_step(4, 17, 5, 0.02)  # 16 drafted nodes per row, 4 survive
+        policy.observe_step(4, 17, 5, 0.02, pruned=True)  # 16 drafted nodes per row, 4 survive
     assert policy.keep == pytest.approx(0.25, abs=0.01)
     assert policy.cost_tokens(4, 17) == pytest.approx(4 * (0.25 * 17 + 0.75 * 5), rel=0.02)
 

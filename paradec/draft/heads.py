@@ -73,7 +73,15 @@ class HeadDrafter:
                 self.policy.stats.observe(d, row_guesses.index(actual[d]) if actual[d] in row_guesses else None)
         self.hidden[row] = hidden
 
-    def step_done(self, batch: int, drafted: int, verified: int, seconds: float) -> None:
+    @property
+    def prune_next(self) -> bool:
+        """Whether the policy wants the next verification pass pruned."""
+        return self.policy.prune_next
+
+    def observe_recall(self, hit: bool) -> None:
+        self.policy.observe_recall(hit)
+
+    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
         """A step's wall time for ``batch`` rows padded to ``drafted`` tree nodes, ``verified``
-        of which survived pruning into the upper layers."""
-        self.policy.observe_step(batch, drafted, verified, seconds)
+        of which survived pruning into the upper layers (``pruned``: the pass was split)."""
+        self.policy.observe_step(batch, drafted, verified, seconds, pruned)

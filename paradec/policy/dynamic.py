@@ -74,59 +74,93 @@ class LatencyModel:
 
 
 class TreePolicy:
-    """Chooses the rank paths of the next tree. ``static_nodes`` fixes the size (Medusa)."""
+    """Chooses the rank paths of the next tree, and whether to prune it inside the pass.
+
+    ``static_nodes`` fixes the size (Medusa; with ``lower_share`` set, every pass is pruned:
+    the ``medusa+prune`` ablation). Otherwise each step it picks the (size, prune) pair with
+    the most expected tokens per second, from two latency models (split passes cost
+    differently) and the early head's recall learned online: with pruning, a correct node at
+    depth d survives with probability recall**d (every edge on its path must pass).
+    """
 
     def __init__(self, prior: list[list[float]], static_nodes: int | None = None,
-                 explore_every: int = 32, seed: int = 0, lower_share: float | None = None) -> None:
+                 explore_every: int = 32, seed: int = 0, lower_share: float | None = None,
+                 recall: float = 0.8) -> None:
         self.stats = RankStats(prior)
-        self.latency = LatencyModel()
+        self.latency = LatencyModel()  # unpruned passes
+        self.latency_pruned = LatencyModel()  # split passes
+        self.static_nodes = static_nodes
+        self.explore_every = explore_every
+        self.rng = random.Random(seed)
+        self.steps = 0
         # With early pruning, layers [0, m) see every drafted node and layers [m, L) the
         # survivors: a pass costs about `lower_share * drafted + (1 - lower_share) * verified`
         # tokens' worth; `keep` tracks the surviving share online.
         self.lower_share = lower_share
         self.keep = 1.0
-        self.static_nodes = static_nodes
-        self.explore_every = explore_every
-        self.rng = random.Random(seed)
-        self.steps = 0
-        self.probe = [1, 8, 32, 4, 16, 64, 2]  # sizes tried first, to fit the latency model
+        self.recall_hits, self.recall_trials = 20.0 * recall, 20.0  # prior worth 20 observations
+        self.prune_next = lower_share is not None
+        # sizes (and modes) tried first, to fit the latency models
+        sizes = [1, 8, 32, 4, 16, 64, 2]
+        self.probe = [(n, False) for n in sizes]
+        if lower_share is not None:
+            self.probe = [x for pair in zip(self.probe, [(n, True) for n in sizes]) for x in pair]
+
+    @property
+    def recall(self) -> float:
+        return self.recall_hits / self.recall_trials
+
+    def observe_recall(self, hit: bool, decay: float = 0.99) -> None:
+        """The target's next token at a pruned pass's last accepted node was (not) in the early top-k."""
+        self.recall_hits = self.recall_hits * decay + float(hit)
+        self.recall_trials = self.recall_trials * decay + 1.0
 
     def choose(self, batch: int) -> int:
-        """Number of draft nodes for the next step."""
+        """Number of draft nodes for the next step (sets ``prune_next``)."""
         if self.static_nodes is not None:
             return self.static_nodes
         self.steps += 1
         if self.probe:
-            return self.probe.pop(0)
+            n, self.prune_next = self.probe.pop(0)
+            return n
+        can_prune = self.lower_share is not None
         if self.steps % self.explore_every == 0:
+            self.prune_next = can_prune and self.rng.random() < 0.5
             return self.rng.choice(SIZES[1:])
         probs = self.stats.probs()
         # top_paths is best-first, so the top-n tree is a prefix of the top-max tree: one search
         order = top_paths(probs, max(SIZES))
-        gain = [0.0]
+        gain, gain_pruned = [0.0], [0.0]
         for path in order:
-            gain.append(gain[-1] + expected_accepted(probs, [path]))
-        best, best_rate = 0, 0.0
-        for n in SIZES:
-            e = 1.0 + gain[min(n, len(order))]
-            rate = batch * e / self.latency.predict(self.cost_tokens(batch, n + 1))
-            if rate > best_rate:
-                best, best_rate = n, rate
+            e = expected_accepted(probs, [path])
+            gain.append(gain[-1] + e)
+            gain_pruned.append(gain_pruned[-1] + e * self.recall ** len(path))
+        best, best_rate, self.prune_next = 0, 0.0, False
+        for prune in (False, True) if can_prune else (False,):
+            lat, g = (self.latency_pruned, gain_pruned) if prune else (self.latency, gain)
+            for n in SIZES:
+                if prune and n == 0:
+                    continue
+                e = 1.0 + g[min(n, len(order))]
+                rate = batch * e / lat.predict(self.cost_tokens(batch, n + 1, pruned=prune))
+                if rate > best_rate:
+                    best, best_rate, self.prune_next = n, rate, prune
         return best
 
-    def cost_tokens(self, batch: int, drafted: float, verified: float | None = None) -> float:
+    def cost_tokens(self, batch: int, drafted: float, verified: float | None = None, pruned: bool = True) -> float:
         """Token-equivalents a pass costs (the latency model's x); ``verified`` defaults to the
         expected survivors of pruning."""
-        if self.lower_share is None:
+        if self.lower_share is None or not pruned:
             return batch * drafted
         if verified is None:
             verified = 1 + (drafted - 1) * self.keep
         return batch * (self.lower_share * drafted + (1 - self.lower_share) * verified)
 
-    def observe_step(self, batch: int, drafted: int, verified: int, seconds: float) -> None:
-        if self.lower_share is not None and drafted > 1:
+    def observe_step(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
+        if pruned and drafted > 1:
             self.keep = 0.9 * self.keep + 0.1 * (verified - 1) / (drafted - 1)
-        self.latency.observe(self.cost_tokens(batch, drafted, verified), seconds)
+        lat = self.latency_pruned if pruned else self.latency
+        lat.observe(self.cost_tokens(batch, drafted, verified, pruned), seconds)
 
     def paths(self, n: int) -> list[tuple[int, ...]]:
         return top_paths(self.stats.probs(), n)

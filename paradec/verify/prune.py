@@ -35,9 +35,11 @@ def prune_proposal(proposal: Proposal, keep: list[bool]) -> tuple[Proposal, list
 
 
 def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, proposals: list[Proposal],
-                cache) -> tuple[list[Proposal], torch.Tensor, torch.Tensor, list[list[int]]]:
+                cache) -> tuple[list[Proposal], torch.Tensor, torch.Tensor, list[list[int]], list[dict]]:
     """-> pruned proposals, logits [batch, width', vocab], normed hidden [batch, width', hidden],
-    and per row the scratch slot (original node index) of each survivor."""
+    per row the scratch slot (original node index) of each survivor, and per row the early
+    top-k of every node that had children {original index: token ids} (the policy learns the
+    early head's recall from it)."""
     dev = model.embed.weight.device
     width = max(len(p.tree) for p in proposals)
     rows = [ScratchTree.from_tree(p.tree, width) for p in proposals]
@@ -78,4 +80,4 @@ def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, pro
     span = max(cache.lengths) + max(max(row) for row in slots) + 1  # what the cache returns for these slots
     h_up = model.hidden(h_sub, pos_sub, mask_sub[..., :span], cache, layer, None, slots=idx)
     hn = model.norm(h_up)
-    return pruned, model.lm_head(hn), hn, slot_maps
+    return pruned, model.lm_head(hn), hn, slot_maps, early_top
