@@ -46,7 +46,8 @@ def test_branches_decode_as_each_alone(aspd_engine):
             break
     suppress = [sp.title, sp.end_title, sp.para, sp.end_para, sp.branch]
     for branch in branches:
-        ref = branch[: branch.index(sp.colon_space[-1]) + 1]  # the forced prefix
+        colon = engine.tokenizer.hf(":", add_special_tokens=False).input_ids[-1]
+        ref = branch[: branch.index(colon) + 1]  # the forced prefix
         with torch.inference_mode():
             while ref[-1] != sp.end_branch and len(ref) < len(branch):
                 logits = engine.model(torch.tensor([prompt + ref]))[0, -1]  # the branch alone

@@ -3,7 +3,7 @@
 Serial mode is plain decoding whose logits are masked by the grammar of papers.md §3.5 (titles
 first, then ``<|para|>``; branch markers never appear serially). When the model emits
 ``<|para|>``, the titles it listed become branches: each starts from the forced prefix
-``<|branch|> TITLE ": "`` and all active branches advance one token per forward pass, together,
+``<|branch|> TITLE ":"`` and all active branches advance one token per forward pass, together,
 on the same KV cache — the j-th token of every branch at the shared position p + 1 + j, each
 seeing the prefix (up to and including ``<|para|>``) and its own earlier tokens only. A branch
 ends at ``<|/branch|>`` (EOS counts as one), which is fed once more so it enters the cache. Then
@@ -31,7 +31,7 @@ class Specials:
     end_para: int
     branch: int
     end_branch: int
-    colon_space: tuple[int, ...]  # the tokens of ": "
+    hf: object = field(compare=False, repr=False)  # the tokenizer: forced prefixes are tokenized as trained
 
     @staticmethod
     def from_tokenizer(hf) -> "Specials":
@@ -39,7 +39,15 @@ class Specials:
         if any(i is None or i == hf.unk_token_id for i in ids):
             raise ParadecError("this model's tokenizer lacks ASPD's special tokens (<|title|> ... <|/branch|>); "
                                "use an ASPD-fine-tuned model (paradec train aspd)")
-        return Specials(*ids, tuple(hf(": ", add_special_tokens=False).input_ids))
+        return Specials(*ids, hf)
+
+    def branch_prefix(self, title: list[int]) -> list[int]:
+        """The forced start of a branch: ``<|branch|>`` + the tokens of "TITLE:", tokenized as
+        the training text "<|branch|>TITLE: content" was. The space after the colon is left to
+        the model: byte-level BPE attaches it to the next word (" def"), so forcing a lone " "
+        token would put the branch in a tokenization it never saw."""
+        text = self.hf.decode(title, skip_special_tokens=False) + ":"
+        return [self.branch, *self.hf(text, add_special_tokens=False).input_ids]
 
 
 @dataclass
@@ -164,7 +172,7 @@ class _RowDecoder:
     def _open_group(self, length: int) -> None:
         sp = self.sp
         self.titles = _titles(self.history, sp)
-        self.forced = [[sp.branch, *t, *sp.colon_space] for t in self.titles]
+        self.forced = [sp.branch_prefix(t) for t in self.titles]
         self.para_slot = length  # <|para|> ends `history` but is not in the cache yet
         self.branch_slots: list[list[int]] = [[] for _ in self.titles]
         self.branch_tokens = [[f[0]] for f in self.forced]

@@ -43,7 +43,7 @@ def mark_up(text: str, groups: list[Group]) -> str:
 
 
 _TITLES = re.compile(re.escape(TITLE) + r".*?" + re.escape(END_TITLE), re.S)
-_BRANCH = re.compile(re.escape(BRANCH) + r"(.*?): (.*?)" + re.escape(END_BRANCH), re.S)
+_BRANCH = re.compile(re.escape(BRANCH) + r"(.*?): ?(.*?)" + re.escape(END_BRANCH), re.S)  # the model may omit the space
 
 
 def strip_markup(marked: str) -> str:
