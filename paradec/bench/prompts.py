@@ -72,14 +72,15 @@ def load_prompts(path: str | Path, limit: int | None = None, per_category: int |
 def stdlib_group_prompts(split: str = "heldout", before: int = 600) -> list[Prompt]:
     """Code that is followed by several independent functions in the stdlib: for every group
     ``paradec.parallel.extract.code_groups`` accepts in a held-out file (never trained on), the
-    ~``before`` characters (whole lines) before the group's first function. The files come
+    ~``before`` characters (whole lines) before the group's first function, ordered round-robin
+    over files (first group of every file, then the second, ...). The files come
     from the running Python, so nothing is downloaded and nothing is copied into the repo."""
     from paradec.parallel.extract import code_groups
     from paradec.train.corpus import is_held_out, stdlib_files
 
     if split not in ("heldout", "train"):
         raise ParadecError(f"unknown prompt source stdlib:{split}; use stdlib:heldout")
-    out = []
+    per_file = []
     for rel, file in stdlib_files():
         if is_held_out(rel) != (split == "heldout"):
             continue
@@ -87,8 +88,11 @@ def stdlib_group_prompts(split: str = "heldout", before: int = 600) -> list[Prom
             source = file.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
+        mine = []
         for g in code_groups(source):
             start = g.branches[0].start
             lo = source.rfind("\n", 0, max(0, start - before)) + 1
-            out.append(Prompt(f"{rel}:{source.count(chr(10), 0, start) + 1}", "stdlib-groups", source[lo:start]))
-    return out
+            mine.append(Prompt(f"{rel}:{source.count(chr(10), 0, start) + 1}", "stdlib-groups", source[lo:start]))
+        per_file.append(mine)
+    # round-robin over files, so the first N prompts come from as many files as possible
+    return [f[i] for i in range(max(map(len, per_file), default=0)) for f in per_file if i < len(f)]
