@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import paradec
-from paradec.parallel.decode import Specials, aspd_decode, aspd_decode_batch
+from paradec.parallel.decode import MAX_BRANCHES, MAX_TITLE_TOKENS, Specials, aspd_decode, aspd_decode_batch, serial_mask
 from paradec.parallel.layout import layout
 from paradec.testing import make_checkpoint, make_tokenizer, stdlib_text
 from paradec.train.tokenizer import ASPD_TOKENS
@@ -102,3 +102,21 @@ def test_batch_equals_each_prompt_alone(aspd_engine):
     alone = [engine.generate(p, method="aspd", max_new_tokens=40, ignore_eos=True) for p in prompts]
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
     assert [g.text for g in together] == [g.text for g in alone]
+
+
+def test_grammar_titles_unique_and_bounded(aspd_engine):
+    sp = Specials.from_tokenizer(aspd_engine.tokenizer.hf)
+    vocab = aspd_engine.model.config.vocab_size
+    a, b = 300, 301
+    plan = [7, sp.title, a, b, sp.end_title, sp.title, a]
+    assert serial_mask(sp, plan, False, vocab)[sp.end_title]  # "a" is not a title yet
+    plan = [7, sp.title, a, sp.end_title, sp.title, a]
+    allowed = serial_mask(sp, plan, False, vocab)
+    assert not allowed[sp.end_title] and allowed[b] and not allowed[sp.para]  # a repeat must go on
+    many = [7] + [t for i in range(MAX_BRANCHES) for t in (sp.title, 300 + i, sp.end_title)]
+    allowed = serial_mask(sp, many, False, vocab)
+    assert allowed.sum() == 1 and allowed[sp.para]  # the plan is full: open the group
+    allowed = serial_mask(sp, [7, sp.title] + [a] * MAX_TITLE_TOKENS, False, vocab)
+    assert allowed.sum() == 1 and allowed[sp.end_title]  # a title has a length limit
+    allowed = serial_mask(sp, [7, 8], False, vocab)
+    assert allowed[sp.title] and not allowed[sp.para] and not allowed[sp.branch] and not allowed[sp.end_title]

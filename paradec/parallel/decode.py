@@ -62,20 +62,34 @@ class AspdStats:
     trace: list = field(default_factory=list)  # per cache slot: (token, position, visible slots, branch or -1)
 
 
+MAX_BRANCHES = 16  # titles in one plan
+MAX_TITLE_TOKENS = 16
+
+
 def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int) -> torch.Tensor:
-    """[vocab] bool: the tokens the grammar allows next in serial mode."""
+    """[vocab] bool: the tokens the grammar allows next in serial mode: titles come first, each
+    unique (a title that repeats one of the plan cannot close) and at most ``MAX_TITLE_TOKENS``
+    long, at most ``MAX_BRANCHES`` of them, then ``<|para|>``; no title right after a group;
+    branch markers and ``<|/para|>`` never (the parallel mode places them)."""
     allowed = torch.ones(vocab, dtype=torch.bool)
     allowed[[sp.end_para, sp.branch, sp.end_branch]] = False
     last = history[-1] if history else None
     in_titles = sp.title in history and (sp.para not in history[_last_index(history, sp.title):])
     if last == sp.end_title:
         allowed[:] = False
-        allowed[[sp.title, sp.para]] = True
+        allowed[sp.para] = True
+        allowed[sp.title] = len(_titles(history, sp)) < MAX_BRANCHES
         return allowed
     if last == sp.title:
         allowed[[sp.title, sp.end_title, sp.para]] = False
     elif in_titles and _inside_title(history, sp):
         allowed[[sp.title, sp.para]] = False
+        current = history[_last_index(history, sp.title) + 1:]
+        if len(current) >= MAX_TITLE_TOKENS:
+            allowed[:] = False
+            allowed[sp.end_title] = True
+        elif current in _titles(history, sp):
+            allowed[sp.end_title] = False  # titles are unique: a repeat must become another name
     else:
         allowed[[sp.end_title, sp.para]] = False
     if just_merged:
