@@ -61,25 +61,7 @@ def test_engine_mask_and_positions_equal_training_layout(aspd_engine):
     sp = Specials.from_tokenizer(engine.tokenizer.hf)
     prompt = _prompt(engine, ("a", "bb"))
     new, stats = aspd_decode(engine.model, sp, prompt, 40, frozenset(), record=True, max_branch_tokens=6)
-    flat = prompt + new
-    lay = layout(flat, sp.branch, sp.end_branch)
-    # map cache slots to flattened indices: serial slots in order, branch slots by (branch, j)
-    starts = [i for i, t in enumerate(flat) if t == sp.branch]
-    slot_to_flat, serial_i, seen = {}, 0, {}
-    for slot, (tok, pos, vis, br) in enumerate(stats.trace):
-        if br < 0:
-            while lay.branch[serial_i] > 0:
-                serial_i += 1
-            slot_to_flat[slot] = serial_i
-            serial_i += 1
-        else:
-            j = seen.get(br, 0)
-            seen[br] = j + 1
-            slot_to_flat[slot] = starts[br] + j
-    for slot, (tok, pos, vis, br) in enumerate(stats.trace):
-        i = slot_to_flat[slot]
-        assert flat[i] == tok and int(lay.positions[i]) == pos
-        assert sorted(slot_to_flat[v] for v in vis) == lay.mask[i].nonzero().flatten().tolist()
+    _assert_trace_is_training_layout(sp, prompt, new, stats)
 
 
 def test_generate_method_aspd_returns_plain_text(aspd_engine):
@@ -110,9 +92,6 @@ def test_grammar_titles_unique_and_bounded(aspd_engine):
     a, b = 300, 301
     plan = [7, sp.title, a, b, sp.end_title, sp.title, a]
     assert serial_mask(sp, plan, False, vocab)[sp.end_title]  # "a" is not a title yet
-    plan = [7, sp.title, a, sp.end_title, sp.title, a]
-    allowed = serial_mask(sp, plan, False, vocab)
-    assert not allowed[sp.end_title] and allowed[b] and not allowed[sp.para]  # a repeat must go on
     many = [7] + [t for i in range(MAX_BRANCHES) for t in (sp.title, 300 + i, sp.end_title)]
     allowed = serial_mask(sp, many, False, vocab)
     assert allowed.sum() == 1 and allowed[sp.para]  # the plan is full: open the group
@@ -120,3 +99,52 @@ def test_grammar_titles_unique_and_bounded(aspd_engine):
     assert allowed.sum() == 1 and allowed[sp.end_title]  # a title has a length limit
     allowed = serial_mask(sp, [7, 8], False, vocab)
     assert allowed[sp.title] and not allowed[sp.para] and not allowed[sp.branch] and not allowed[sp.end_title]
+
+
+class _Scripted:
+    """The model, except that its 1-token passes return the scripted tokens as argmax, in order."""
+
+    def __init__(self, model, script):
+        self.model, self.script = model, list(script)
+        self.embed, self.config, self.new_cache = model.embed, model.config, model.new_cache
+
+    def __call__(self, x, pos, mask, cache):
+        logits = self.model(x, pos, mask, cache)
+        if x.shape[1] == 1 and self.script:
+            logits[0, 0, self.script.pop(0)] = 1e4
+        return logits
+
+
+def test_a_repeated_title_ends_the_plan(aspd_engine):
+    """Greedy small models like to repeat the first title; titles are unique, so a repeat is
+    rolled back (history and cache) and the group opens with the titles planned so far."""
+    engine = aspd_engine
+    sp = Specials.from_tokenizer(engine.tokenizer.hf)
+    x = engine.tokenizer.hf("x", add_special_tokens=False).input_ids[-1]
+    prompt = engine.tokenizer.encode("def f(a):\n")
+    model = _Scripted(engine.model, [sp.title, x, sp.end_title, sp.title, x, sp.end_title])
+    new, stats = aspd_decode(model, sp, prompt, 24, frozenset(), record=True, max_branch_tokens=6)
+    assert new[:5] == [sp.title, x, sp.end_title, sp.para, sp.branch] and stats.branches == 1
+    _assert_trace_is_training_layout(sp, prompt, new, stats)
+
+
+def _assert_trace_is_training_layout(sp, prompt, new, stats):
+    flat = prompt + new
+    lay = layout(flat, sp.branch, sp.end_branch)
+    # map cache slots to flattened indices: serial slots in order, branch slots by (branch, j)
+    starts = [i for i, t in enumerate(flat) if t == sp.branch]
+    slot_to_flat, serial_i, seen = {}, 0, {}
+    for slot, (tok, pos, vis, br) in enumerate(stats.trace):
+        if br < 0:
+            while lay.branch[serial_i] > 0:
+                serial_i += 1
+            slot_to_flat[slot] = serial_i
+            serial_i += 1
+        else:
+            j = seen.get(br, 0)
+            seen[br] = j + 1
+            slot_to_flat[slot] = starts[br] + j
+    for slot, (tok, pos, vis, br) in enumerate(stats.trace):
+        i = slot_to_flat[slot]
+        assert flat[i] == tok and int(lay.positions[i]) == pos
+        assert sorted(slot_to_flat[v] for v in vis) == lay.mask[i].nonzero().flatten().tolist()

@@ -68,9 +68,9 @@ MAX_TITLE_TOKENS = 16
 
 def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int) -> torch.Tensor:
     """[vocab] bool: the tokens the grammar allows next in serial mode: titles come first, each
-    unique (a title that repeats one of the plan cannot close) and at most ``MAX_TITLE_TOKENS``
-    long, at most ``MAX_BRANCHES`` of them, then ``<|para|>``; no title right after a group;
-    branch markers and ``<|/para|>`` never (the parallel mode places them)."""
+    at most ``MAX_TITLE_TOKENS`` long, at most ``MAX_BRANCHES`` of them, then ``<|para|>``; no
+    title right after a group; branch markers and ``<|/para|>`` never (the parallel mode places
+    them). A title that repeats one of the plan is handled by the decoder (it ends the plan)."""
     allowed = torch.ones(vocab, dtype=torch.bool)
     allowed[[sp.end_para, sp.branch, sp.end_branch]] = False
     last = history[-1] if history else None
@@ -88,8 +88,6 @@ def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int)
         if len(current) >= MAX_TITLE_TOKENS:
             allowed[:] = False
             allowed[sp.end_title] = True
-        elif current in _titles(history, sp):
-            allowed[sp.end_title] = False  # titles are unique: a repeat must become another name
     else:
         allowed[[sp.end_title, sp.para]] = False
     if just_merged:
@@ -152,6 +150,7 @@ class _RowDecoder:
         self.parallel = False
         self.stats = AspdStats()
         self.fed_items: list[_Item] = []
+        self.truncate_to: int | None = None  # set when a rolled-back title must leave the cache
 
     # ---- what to feed ----------------------------------------------------------------------
     def items(self, length: int) -> list[_Item]:
@@ -214,6 +213,16 @@ class _RowDecoder:
             allowed = serial_mask(sp, self.history, self.just_merged, self.vocab).to(logits.device)
             tok = int(logits[-1].float().masked_fill(~allowed, float("-inf")).argmax())
             self.just_merged = False
+            if tok == sp.end_title:
+                start = _last_index(self.history, sp.title)
+                if self.history[start + 1:] in _titles(self.history, sp):
+                    # Titles are unique: a repeat means the plan is complete. Roll the repeated
+                    # "<|title|>..." back (history and cache) and open the group instead.
+                    cut = len(self.history) - start
+                    del self.history[start:]
+                    del self.new[len(self.new) - cut:]
+                    self.truncate_to = start  # the caller truncates this row's cache
+                    tok = sp.para
             self.history.append(tok)
             self.new.append(tok)
             self.root = tok
@@ -286,6 +295,10 @@ def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tok
             for r, (row, its) in enumerate(zip(rows, items)):
                 if its:
                     row.consume(logits[r, : len(its)])
+                if row.truncate_to is not None:
+                    cache.truncate(r, row.truncate_to)
+                    del row.stats.trace[row.truncate_to:]  # the trace is per cache slot
+                    row.truncate_to = None
     wall = time.perf_counter() - t0
     out = []
     for row in rows:
