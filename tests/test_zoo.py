@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import paradec
-from paradec.zoo import ZOO, bundled_drafts, bundled_or_none
+from paradec.zoo import ZOO, bundled, bundled_drafts, bundled_or_none
 
 pytestmark = pytest.mark.skipif(not (ZOO / "target" / "config.json").is_file(), reason="zoo/ not present")
 
@@ -66,3 +66,25 @@ def test_demo_runs(capsys):
     assert "ar" in methods and "pld" in methods
     assert next(r for r in summary if r["method"] == "ar")["identical"] == "5/5"
     assert "tau" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(bundled_or_none("aspd", "adapter.json") is None, reason="no bundled ASPD adapter")
+def test_bundled_aspd_plans_and_decodes_a_group(tmp_path):
+    """The bundled ASPD adapter on a codec module's class: it plans encode/decode and writes both
+    in parallel; merged to an HF checkpoint, transformers computes the same logits."""
+    import transformers
+
+    from paradec.models.adapter import merge_to_hf
+
+    engine = paradec.load(bundled("aspd", "adapter.json"), dtype="fp32")
+    prompt = ('"""Python Character Mapping Codec."""\n\nimport codecs\n\n### Codec APIs\n\n'
+              "class Codec(codecs.Codec):\n\n")
+    g = engine.generate(prompt, method="aspd", max_new_tokens=96, ignore_eos=True)
+    assert g.stats.extra["branches"] >= 2 and g.stats.extra["parallel_steps"] < g.stats.extra["parallel_tokens"]
+    assert "def encode(" in g.text and "def decode(" in g.text and "<|" not in g.text
+    merged = merge_to_hf(bundled("aspd", "adapter.json"), tmp_path / "merged")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+    ids = torch.tensor([engine.tokenizer.encode(prompt)])
+    ours = paradec.load(merged, dtype="fp32").model(ids)
+    with torch.inference_mode():
+        assert (hf(ids).logits - ours).abs().max() < 1e-3

@@ -141,3 +141,18 @@ def merge_into(model: nn.Module, cfg: AdapterConfig, tensors: dict[str, torch.Te
         rows = tensors["embed.rows"]
         ids = torch.tensor(cfg.token_ids, dtype=torch.long, device=model.embed.weight.device)
         model.embed.weight.index_add_(0, ids, rows.to(model.embed.weight))
+
+
+def merge_to_hf(adapter_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write base + adapter, merged, as a plain HF checkpoint (config, bf16 safetensors, tokenizer)."""
+    import shutil
+
+    from paradec.models.checkpoint import load_model, save_model
+
+    adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
+    model = load_model(adapter_dir, torch.float32)
+    save_model(model, out_dir, torch.bfloat16)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (adapter_dir / name).is_file():
+            shutil.copyfile(adapter_dir / name, out_dir / name)
+    return out_dir
