@@ -115,15 +115,27 @@ class _Scripted:
         return logits
 
 
-def test_a_repeated_title_ends_the_plan(aspd_engine):
-    """Greedy small models like to repeat the first title; titles are unique, so a repeat is
-    rolled back (history and cache) and the group opens with the titles planned so far."""
+def test_a_repeated_title_is_retried_then_ends_the_plan(aspd_engine, monkeypatch):
+    """Greedy small models like to repeat the first title. Titles are unique: a repeat is rolled
+    back (history, cache, trace) and decoded again with its first token banned; when the retries
+    are used up, the plan is complete and the group opens with the titles so far."""
+    import paradec.parallel.decode as decode
+
     engine = aspd_engine
     sp = Specials.from_tokenizer(engine.tokenizer.hf)
     x = engine.tokenizer.hf("x", add_special_tokens=False).input_ids[-1]
     prompt = engine.tokenizer.encode("def f(a):\n")
-    model = _Scripted(engine.model, [sp.title, x, sp.end_title, sp.title, x, sp.end_title])
-    new, stats = aspd_decode(model, sp, prompt, 24, frozenset(), record=True, max_branch_tokens=6)
+    script = [sp.title, x, sp.end_title, sp.title, x, sp.end_title]
+    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 40, frozenset(), record=True,
+                             max_branch_tokens=6)
+    plan = new[: new.index(sp.para)] if sp.para in new else new
+    titles = [plan[i + 1: plan.index(sp.end_title, i)] for i, t in enumerate(plan) if t == sp.title and sp.end_title in plan[i:]]
+    assert titles[0] == [x] and len(titles) >= 2 and titles[1][0] != x  # retried with "x" banned
+    assert len({tuple(t) for t in titles}) == len(titles)
+    _assert_trace_is_training_layout(sp, prompt, new, stats)
+    monkeypatch.setattr(decode, "TITLE_RETRIES", 0)
+    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 24, frozenset(), record=True,
+                             max_branch_tokens=6)
     assert new[:5] == [sp.title, x, sp.end_title, sp.para, sp.branch] and stats.branches == 1
     _assert_trace_is_training_layout(sp, prompt, new, stats)
 

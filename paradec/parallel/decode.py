@@ -64,6 +64,7 @@ class AspdStats:
 
 MAX_BRANCHES = 16  # titles in one plan
 MAX_TITLE_TOKENS = 16
+TITLE_RETRIES = 3  # a title that repeats one of the plan is decoded again, this often
 
 
 def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int) -> torch.Tensor:
@@ -151,6 +152,7 @@ class _RowDecoder:
         self.stats = AspdStats()
         self.fed_items: list[_Item] = []
         self.truncate_to: int | None = None  # set when a rolled-back title must leave the cache
+        self.title_bans: set[int] = set()  # first tokens of repeats, banned for the title being decoded
 
     # ---- what to feed ----------------------------------------------------------------------
     def items(self, length: int) -> list[_Item]:
@@ -210,19 +212,33 @@ class _RowDecoder:
         sp = self.sp
         self.stats.steps += 1
         if not self.parallel:
-            allowed = serial_mask(sp, self.history, self.just_merged, self.vocab).to(logits.device)
-            tok = int(logits[-1].float().masked_fill(~allowed, float("-inf")).argmax())
+            allowed = serial_mask(sp, self.history, self.just_merged, self.vocab)
+            if self.history[-1] == sp.title and self.title_bans:
+                allowed[list(self.title_bans)] = False
+            tok = int(logits[-1].float().masked_fill(~allowed.to(logits.device), float("-inf")).argmax())
             self.just_merged = False
             if tok == sp.end_title:
                 start = _last_index(self.history, sp.title)
                 if self.history[start + 1:] in _titles(self.history, sp):
-                    # Titles are unique: a repeat means the plan is complete. Roll the repeated
-                    # "<|title|>..." back (history and cache) and open the group instead.
-                    cut = len(self.history) - start
-                    del self.history[start:]
+                    # Titles are unique. A repeat is rolled back (history and cache); the title is
+                    # decoded again with the repeat's first token banned, up to TITLE_RETRIES
+                    # times; then the plan is taken as complete and the group opens.
+                    retry = len(self.title_bans) < TITLE_RETRIES
+                    if retry:
+                        self.title_bans.add(self.history[start + 1])
+                    keep = start + 1 if retry else start  # keep "<|title|>" to decode it again
+                    cut = len(self.history) - keep
+                    del self.history[keep:]
                     del self.new[len(self.new) - cut:]
                     self.truncate_to = start  # the caller truncates this row's cache
+                    if retry:
+                        self.root = sp.title  # fed again; its logits pick another first token
+                        return
                     tok = sp.para
+                else:
+                    self.title_bans = set()
+            if tok == sp.para:
+                self.title_bans = set()
             self.history.append(tok)
             self.new.append(tok)
             self.root = tok
