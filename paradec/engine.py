@@ -51,6 +51,7 @@ class Engine:
         self.device = model.embed.weight.device
         self.drafts: list[Transformer] = []
         self.heads: Heads | None = None
+        self._policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
 
     def load_heads(self, path: str | Path) -> None:
         """Load Medusa heads (+ the early-pruning head) trained for this target."""
@@ -159,9 +160,13 @@ class Engine:
             lower = heads.early_layer / self.model.config.num_layers if spec.prune else None
             recalls = heads.meta.get("early_topk_recall") or [0.8]
             recall = recalls[min(spec.prune_topk, len(recalls)) - 1]
-            return HeadDrafter(heads, self.model.lm_head,
-                               TreePolicy(prior, static, lower_share=lower, recall=recall),
-                               max_rank=len(prior[0]))
+            # The policy's statistics (rank acceptance, early-head recall, latency) describe this
+            # model on this machine, not one request: they carry over from call to call, so
+            # only the first request pays for probing tree sizes.
+            key = (id(heads), static, lower, spec.prune_topk)
+            if key not in self._policies:
+                self._policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall)
+            return HeadDrafter(heads, self.model.lm_head, self._policies[key], max_rank=len(prior[0]))
         return None
 
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter=None) -> Iterator[StepEvent]:
