@@ -56,12 +56,14 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prune", action="store_true", help="propd: switch early pruning off (ablation)")
     p.add_argument("--static-tree", action="store_true", help="propd: fixed tree size (ablation)")
     p.add_argument("--prune-topk", type=int, default=8, help="propd: keep nodes in the parent's early top-k")
+    p.add_argument("--title-retries", type=int, default=3,
+                   help="aspd: decode a title that repeats the plan again this often (0: a repeat ends the plan)")
 
 
 def spec_options(args: argparse.Namespace) -> dict:
     out = dict(with_ngram=args.with_ngram, max_ngram=args.ngram, num_draft=args.num_draft,
                ngram_branches=args.ngram_branches, acceptor=args.acceptor, tree_nodes=args.tree_nodes,
-               prune_topk=args.prune_topk)
+               prune_topk=args.prune_topk, title_retries=args.title_retries)
     if args.no_prune:
         out["prune"] = False
     if args.static_tree:
@@ -253,7 +255,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     model, drafts, heads, twin = args.model, args.draft, args.heads, args.twin
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    if model is None and any(m in ("aspd", "seq-twin") for m in methods):  # the bundled ASPD pair
+    if model is None and any(m.startswith("aspd") or m == "seq-twin" for m in methods):  # the bundled ASPD pair
         model = bundled("aspd", "adapter.json")
         twin = twin or bundled_or_none("aspd-seq", "adapter.json")
     if model is None:

@@ -175,6 +175,7 @@ class SpecConfig:
     prune: bool = False  # ProPD early pruning inside the verification pass (propd: on)
     prune_topk: int = 8  # keep a node iff its token is in its parent's early-head top-k
     dynamic: bool = False  # ProPD: choose the tree size each step with the cost model (propd: on)
+    title_retries: int = 3  # ASPD: times a title that repeats the plan is decoded again (0: it ends the plan)
 
     def __post_init__(self) -> None:
         if self.tree_nodes is not None and not 0 <= self.tree_nodes <= 64:
@@ -185,6 +186,8 @@ class SpecConfig:
             raise ParadecError(f"expansion must be a non-empty list of integers >= 1, got {self.expansion}")
         if self.max_ngram < 1 or self.num_draft < 1 or self.ngram_branches < 1:
             raise ParadecError("ngram, num_draft and ngram_branches must be >= 1")
+        if self.title_retries < 0:
+            raise ParadecError(f"title_retries must be >= 0, got {self.title_retries}")
         if self.acceptor not in ACCEPTORS:
             raise ParadecError(f"unknown acceptor {self.acceptor!r}; choose one of {', '.join(ACCEPTORS)}")
 

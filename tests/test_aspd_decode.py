@@ -115,12 +115,10 @@ class _Scripted:
         return logits
 
 
-def test_a_repeated_title_is_retried_then_ends_the_plan(aspd_engine, monkeypatch):
+def test_a_repeated_title_is_retried_then_ends_the_plan(aspd_engine):
     """Greedy small models like to repeat the first title. Titles are unique: a repeat is rolled
     back (history, cache, trace) and decoded again with its first token banned; when the retries
     are used up, the plan is complete and the group opens with the titles so far."""
-    import paradec.parallel.decode as decode
-
     engine = aspd_engine
     sp = Specials.from_tokenizer(engine.tokenizer.hf)
     x = engine.tokenizer.hf("x", add_special_tokens=False).input_ids[-1]
@@ -133,9 +131,8 @@ def test_a_repeated_title_is_retried_then_ends_the_plan(aspd_engine, monkeypatch
     assert titles[0] == [x] and len(titles) >= 2 and titles[1][0] != x  # retried with "x" banned
     assert len({tuple(t) for t in titles}) == len(titles)
     _assert_trace_is_training_layout(sp, prompt, new, stats)
-    monkeypatch.setattr(decode, "TITLE_RETRIES", 0)
     new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 24, frozenset(), record=True,
-                             max_branch_tokens=6)
+                             max_branch_tokens=6, title_retries=0)
     assert new[:5] == [sp.title, x, sp.end_title, sp.para, sp.branch] and stats.branches == 1
     _assert_trace_is_training_layout(sp, prompt, new, stats)
 

@@ -104,13 +104,13 @@ def test_bench_aspd_vs_ar_vs_seq_twin(tmp_path, base_dir, aspd_tok):
     prompts.write_text("import os\n\n\ndef left(a):\n")
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(tmp_path / "aspd"),
-                           "--twin", str(tmp_path / "twin"), "--methods", "ar,aspd,seq-twin", "--prompts", str(prompts),
+                           "--twin", str(tmp_path / "twin"), "--methods", "ar,aspd,aspd-r0,seq-twin", "--prompts", str(prompts),
                            "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "results.json").read_text())
     recs = {r["method"]: r for r in result["records"]}
-    assert set(recs) == {"ar", "aspd", "seq-twin"}
+    assert set(recs) == {"ar", "aspd", "aspd-r0", "seq-twin"}
     for r in recs.values():
         assert r["nll_twin"] > 0 and isinstance(r["parses"], bool) and r["tokens_per_s"] > 0
     assert recs["aspd"]["identical_to_ar"] is None and recs["ar"]["identical_to_ar"] is True

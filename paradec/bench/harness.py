@@ -33,7 +33,9 @@ PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
            "propd": {"method": "propd"}}
 NEEDS_HEADS = ("medusa", "medusa+prune", "medusa+dynamic", "propd")
 HF = ("hf", "hf-assisted", "hf-pld")
-ASPD = ("aspd", "seq-twin")  # the ASPD model's hybrid decoding; `ar` of its Seq twin (--twin)
+# the ASPD model's hybrid decoding (aspd-r0: a repeated title ends the plan, no retries); `ar` of its Seq twin (--twin)
+ASPD_OPTIONS = {"aspd": {}, "aspd-r0": {"title_retries": 0}}
+ASPD = (*ASPD_OPTIONS, "seq-twin")
 METHODS = (*PARADEC, "oracle", *HF, *ASPD)
 
 
@@ -70,7 +72,7 @@ class BenchConfig:
             raise ParadecError("medusa and propd need Medusa heads; pass --heads PATH")
         if "seq-twin" in self.methods and not self.twin:
             raise ParadecError("seq-twin needs the Seq twin of the ASPD model; pass --twin PATH")
-        if "aspd" in self.methods and self.temperature > 0:
+        if any(m in ASPD_OPTIONS for m in self.methods) and self.temperature > 0:
             raise ParadecError("aspd decodes greedily; drop --temperature")
 
 
@@ -109,8 +111,8 @@ class Runners:
                                         1.0, vocab)
             out = self.engine.generate(batch, drafter=drafter, **PARADEC.get(method, {}), **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
-        if method == "aspd":  # counted in tokens of the plain text users get (markup is overhead)
-            out = self.engine.generate(batch, method="aspd", **self.options())
+        if method in ASPD_OPTIONS:  # counted in tokens of the plain text users get (markup is overhead)
+            out = self.engine.generate(batch, method="aspd", **ASPD_OPTIONS[method], **self.options())
             return [self.engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
         if method == "seq-twin":
             out = self.twin.generate(batch, **self.options())

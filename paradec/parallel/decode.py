@@ -64,7 +64,6 @@ class AspdStats:
 
 MAX_BRANCHES = 16  # titles in one plan
 MAX_TITLE_TOKENS = 16
-TITLE_RETRIES = 3  # a title that repeats one of the plan is decoded again, this often
 
 
 def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int) -> torch.Tensor:
@@ -141,7 +140,8 @@ class _RowDecoder:
     """One prompt's state machine: serial mode under the grammar, parallel mode on <|para|>."""
 
     def __init__(self, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
-                 vocab: int, max_branch_tokens: int) -> None:
+                 vocab: int, max_branch_tokens: int, title_retries: int = 3) -> None:
+        self.title_retries = title_retries
         self.sp, self.eos, self.vocab = sp, eos, vocab
         self.max_new, self.max_branch = max_new_tokens, max_branch_tokens
         self.history = list(prompt)  # flattened sequence: prompt + everything generated
@@ -221,9 +221,9 @@ class _RowDecoder:
                 start = _last_index(self.history, sp.title)
                 if self.history[start + 1:] in _titles(self.history, sp):
                     # Titles are unique. A repeat is rolled back (history and cache); the title is
-                    # decoded again with the repeat's first token banned, up to TITLE_RETRIES
+                    # decoded again with the repeat's first token banned, up to title_retries
                     # times; then the plan is taken as complete and the group opens.
-                    retry = len(self.title_bans) < TITLE_RETRIES
+                    retry = len(self.title_bans) < self.title_retries
                     if retry:
                         self.title_bans.add(self.history[start + 1])
                     keep = start + 1 if retry else start  # keep "<|title|>" to decode it again
@@ -266,7 +266,8 @@ class _RowDecoder:
 
 
 def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
-                      record: bool = False, max_branch_tokens: int = 512) -> list[tuple[list[int], AspdStats]]:
+                      record: bool = False, max_branch_tokens: int = 512,
+                      title_retries: int = 3) -> list[tuple[list[int], AspdStats]]:
     """Greedy ASPD decoding of a batch: one forward pass per step for all rows, each row in its
     own mode (serial: one token; parallel: one token per active branch), padded to the widest.
     Returns per prompt the marked-up new tokens (titles, markers and branches in branch order —
@@ -274,7 +275,7 @@ def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tok
     dev = model.embed.weight.device
     vocab = model.config.vocab_size
     t0 = time.perf_counter()
-    rows = [_RowDecoder(sp, p, max_new_tokens, eos, vocab, max_branch_tokens) for p in prompts]
+    rows = [_RowDecoder(sp, p, max_new_tokens, eos, vocab, max_branch_tokens, title_retries) for p in prompts]
     cache = model.new_cache(len(prompts), max(len(p) for p in prompts) + 4 * max_new_tokens + 64)
 
     def forward(items: list[list[_Item]]) -> torch.Tensor:
@@ -325,9 +326,9 @@ def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tok
 
 
 def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
-                record: bool = False, max_branch_tokens: int = 512) -> tuple[list[int], AspdStats]:
+                record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3) -> tuple[list[int], AspdStats]:
     """``aspd_decode_batch`` for one prompt."""
-    return aspd_decode_batch(model, sp, [prompt], max_new_tokens, eos, record, max_branch_tokens)[0]
+    return aspd_decode_batch(model, sp, [prompt], max_new_tokens, eos, record, max_branch_tokens, title_retries)[0]
 
 
 def generate_aspd(engine, prompts: list[list[int]], gen):
@@ -342,7 +343,7 @@ def generate_aspd(engine, prompts: list[list[int]], gen):
     eos = frozenset() if gen.ignore_eos else engine.tokenizer.eos_ids
     budget = min(gen.max_new_tokens, engine.model.config.context_length - max(len(p) for p in prompts))
     out = []
-    for ids, st in aspd_decode_batch(engine.model, sp, prompts, budget, eos):
+    for ids, st in aspd_decode_batch(engine.model, sp, prompts, budget, eos, title_retries=gen.spec.title_retries):
         text = strip_markup(hf.decode(ids, skip_special_tokens=False))
         for special in hf.all_special_tokens:  # EOS and any other leftovers
             text = text.replace(special, "")
