@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -34,6 +33,7 @@ from paradec.models import load_model
 from paradec.models.adapter import Adapter, AdapterConfig
 from paradec.train.aspd_data import Example, collate, examples_from_sources
 from paradec.train.corpus import read_split
+from paradec.train.lm import cosine_lr, save_atomic
 from paradec.train.tokenizer import ASPD_TOKENS
 
 
@@ -79,24 +79,11 @@ def special_ids(tokenizer) -> dict[str, int]:
     return ids
 
 
-def _lr(step: int, total: int, cfg: AspdTrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
-
-
 def _loss(model, adapter, seqs: list[list[int]], branch_open: int | None, branch_close: int | None) -> torch.Tensor:
     x, y, pos, mask = collate(seqs, branch_open, branch_close)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = functional_call(model, adapter.merged(model), (x, pos, mask))
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
-
-
-def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
 
 
 def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, cfg: AspdTrainConfig) -> dict:
@@ -142,7 +129,7 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         return round(float(np.mean(losses)), 4)
 
     def checkpoint() -> None:
-        _save_atomic({"adapter": adapter.state_dict(), "opt": opt.state_dict(), "step": step,
+        save_atomic({"adapter": adapter.state_dict(), "opt": opt.state_dict(), "step": step,
                       "tokens_seen": tokens_seen, "elapsed": elapsed + time.perf_counter() - t0,
                       "config": asdict(cfg)}, state_path)
 
@@ -156,7 +143,7 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         epoch, k = divmod(step, per_epoch)
         batch = [train_seqs[i] for i in order(epoch)[k * cfg.batch_size: (k + 1) * cfg.batch_size]]
         for group in opt.param_groups:
-            group["lr"] = _lr(step, total, cfg)
+            group["lr"] = cosine_lr(step, total, cfg.lr, cfg.min_lr, cfg.warmup_steps)
         loss = _loss(model, adapter, batch, b_open, b_close)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -74,11 +74,16 @@ def init_weights(model: Transformer) -> None:
         torch.nn.init.normal_(p, std=std)
 
 
+def cosine_lr(step: int, total: int, lr: float, min_lr: float, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine from ``lr`` to ``min_lr`` at ``total``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * frac))
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
+    return cosine_lr(step, cfg.max_steps, cfg.lr, cfg.min_lr, cfg.warmup_steps)
 
 
 def lm_loss(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -95,7 +100,7 @@ def evaluate(model: Transformer, batches: list[tuple[torch.Tensor, torch.Tensor]
     return float(np.mean(losses))
 
 
-def _save_atomic(obj, path: Path) -> None:
+def save_atomic(obj, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
     tmp.replace(path)
@@ -130,7 +135,7 @@ def train_lm(model_cfg: ModelConfig, train: Batches, heldout: list, run_dir: str
     last_eval = None
 
     def checkpoint() -> None:
-        _save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+        save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                       "tokens_seen": tokens_seen, "elapsed": elapsed + time.perf_counter() - t0,
                       "rng": rng.bit_generator.state, "config": asdict(cfg)}, state_path)
 
