@@ -198,7 +198,9 @@ def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], 
            "identical_to_ar": None if reference is None or method in ASPD else tokens == reference}
     if stats is not None and stats.extra.get("degree_of_parallelism") is not None:
         rec["degree_of_parallelism"] = stats.extra["degree_of_parallelism"]
-    if stats is not None:
+    if stats is not None and method in ASPD_OPTIONS:  # no tree: tau = marked tokens per pass
+        rec.update(tau=stats.tau, steps=stats.steps, ms_per_step=1000 * wall / max(1, stats.steps))
+    elif stats is not None:
         rec.update(tau=stats.tau, steps=stats.steps, accept_per_depth=stats.accept_per_depth,
                    nodes_per_step=stats.nodes / max(1, stats.steps),
                    verified_per_step=stats.verified / max(1, stats.steps),
