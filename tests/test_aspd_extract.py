@@ -100,3 +100,11 @@ def test_extract_file_stats(tmp_path):
     assert 0 < stats["degree_of_parallelism"] < 1
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert out[0]["parallel"] and strip_markup(out[0]["marked"]) == CODE
+
+
+def test_strip_markup_of_a_cut_output():
+    from paradec.parallel.markup import strip_markup
+
+    cut = "a\n<|title|>x<|/title|><|title|>y<|/title|><|para|><|branch|>x: def x(): pass\n<|/branch|><|branch|>y:def y("
+    assert strip_markup(cut) == "a\ndef x(): pass\ndef y("
+    assert strip_markup("<|title|>x<|/title|><|para|><|branch|>x: 1<|branch|>y: 2") == "12"

@@ -43,7 +43,8 @@ def mark_up(text: str, groups: list[Group]) -> str:
 
 
 _TITLES = re.compile(re.escape(TITLE) + r".*?" + re.escape(END_TITLE), re.S)
-_BRANCH = re.compile(re.escape(BRANCH) + r"(.*?): ?(.*?)" + re.escape(END_BRANCH), re.S)  # the model may omit the space
+# the model may omit the space after the colon; a token budget may cut the last branch before its end marker
+_BRANCH = re.compile(re.escape(BRANCH) + r"(.*?): ?(.*?)(?:" + re.escape(END_BRANCH) + r"|(?=" + re.escape(BRANCH) + r")|$)", re.S)
 
 
 def strip_markup(marked: str) -> str:
