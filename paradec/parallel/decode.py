@@ -34,12 +34,16 @@ class Specials:
     hf: object = field(compare=False, repr=False)  # the tokenizer: forced prefixes are tokenized as trained
 
     @staticmethod
-    def from_tokenizer(hf) -> "Specials":
+    def from_tokenizer(hf, fix: str = "use an ASPD-fine-tuned model (paradec train aspd)") -> "Specials":
         ids = hf.convert_tokens_to_ids([TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH])
         if any(i is None or i == hf.unk_token_id for i in ids):
-            raise ParadecError("this model's tokenizer lacks ASPD's special tokens (<|title|> ... <|/branch|>); "
-                               "use an ASPD-fine-tuned model (paradec train aspd)")
+            raise ParadecError(f"this model's tokenizer lacks ASPD's special tokens (<|title|> ... <|/branch|>); {fix}")
         return Specials(*ids, hf)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The six token ids, in format order."""
+        return self.title, self.end_title, self.para, self.end_para, self.branch, self.end_branch
 
     def branch_prefix(self, title: list[int]) -> list[int]:
         """The forced start of a branch: ``<|branch|>`` + the tokens of "TITLE:", tokenized as
@@ -141,9 +145,8 @@ class _RowDecoder:
 
     def __init__(self, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
                  vocab: int, max_branch_tokens: int, title_retries: int = 3) -> None:
-        self.title_retries = title_retries
         self.sp, self.eos, self.vocab = sp, eos, vocab
-        self.max_new, self.max_branch = max_new_tokens, max_branch_tokens
+        self.max_new, self.max_branch, self.title_retries = max_new_tokens, max_branch_tokens, title_retries
         self.history = list(prompt)  # flattened sequence: prompt + everything generated
         self.new: list[int] = []
         self.root, self.just_merged = prompt[-1], False

@@ -31,10 +31,10 @@ from tqdm import tqdm
 from paradec.errors import ParadecError
 from paradec.models import load_model
 from paradec.models.adapter import Adapter, AdapterConfig
+from paradec.parallel.decode import Specials
 from paradec.train.aspd_data import Example, collate, examples_from_sources
 from paradec.train.corpus import read_split
 from paradec.train.lm import cosine_lr, save_atomic
-from paradec.train.tokenizer import ASPD_TOKENS
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,6 @@ def load_examples(tokenizer, run_dir: Path, max_tokens: int) -> tuple[list[Examp
     return ([Example(**e) for e in raw["train"]], [Example(**e) for e in raw["heldout"]])
 
 
-def special_ids(tokenizer) -> dict[str, int]:
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ASPD_TOKENS}
-    if any(i is None or i == tokenizer.unk_token_id for i in ids.values()):
-        raise ParadecError("the base model's tokenizer lacks the ASPD tokens <|title|> ... <|/branch|>; "
-                           "use a tokenizer from `paradec train tokenizer` (the zoo's has them)")
-    return ids
-
-
 def _loss(model, adapter, seqs: list[list[int]], branch_open: int | None, branch_close: int | None) -> torch.Tensor:
     x, y, pos, mask = collate(seqs, branch_open, branch_close)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -95,17 +87,17 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         raise ParadecError(f"no tokenizer.json in {base_dir}; pass --base PATH to a paradec-trained model")
     run_dir.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
-    ids = special_ids(tok)
+    sp = Specials.from_tokenizer(tok, "use a tokenizer from `paradec train tokenizer` (the zoo's has them)")
     train, held = load_examples(tok, run_dir.parent, cfg.max_tokens)
     field = "plain" if cfg.twin else "marked"
     train_seqs = [getattr(e, field) for e in train]
     held_seqs = [getattr(e, field) for e in held]
-    b_open, b_close = (None, None) if cfg.twin else (ids["<|branch|>"], ids["<|/branch|>"])
+    b_open, b_close = (None, None) if cfg.twin else (sp.branch, sp.end_branch)
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = load_model(base_dir, torch.float32).requires_grad_(False)
-    token_ids = () if cfg.twin else tuple(sorted(ids.values()))
+    token_ids = () if cfg.twin else tuple(sorted(sp.ids))
     acfg = AdapterConfig(base="", rank=cfg.rank, alpha=cfg.alpha, token_ids=token_ids)
     adapter = Adapter(model, acfg)
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
