@@ -21,6 +21,7 @@ from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.heads import Heads, load_heads
 from paradec.policy import TreePolicy
+from paradec.sampling import greedy
 from paradec.state import Generation, Row, Stats, StepEvent
 from paradec.tokenizer import Tokenizer, load_tokenizer
 from paradec.tree import ScratchTree, pass_tensors
@@ -265,7 +266,7 @@ class Engine:
     def _accept(self, proposals: list[Proposal], logits: torch.Tensor, rows: list[Row],
                 gen: GenerationConfig) -> list[Verdict]:
         if gen.sampling.greedy:
-            target_next = logits.argmax(-1).tolist()  # host sync: the loop needs the tokens
+            target_next = greedy(logits).tolist()  # host sync: the loop needs the tokens
             return [accept_greedy(p.tree, nxt) for p, nxt in zip(proposals, target_next)]
         logits = logits.float()
         if gen.spec.acceptor == "typical":

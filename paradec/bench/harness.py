@@ -27,11 +27,13 @@ from paradec.parallel.quality import nll, parses
 
 PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
            "specinfer+ngram": {"method": "specinfer", "with_ngram": True}, "pld": {"method": "pld"},
-           "medusa": {"method": "medusa"},  # static rank-path tree
+           "medusa": {"method": "medusa"},  # static rank-path tree, the size the heads were tuned for (16)
+           # Medusa's reference sparse tree size (mc_sim_7b_63: 63 nodes + root), the baseline ProPD reports
+           "medusa-63": {"method": "medusa", "tree_nodes": 63},
            "medusa+prune": {"method": "propd", "dynamic": False},  # ablations of ProPD
            "medusa+dynamic": {"method": "propd", "prune": False},
            "propd": {"method": "propd"}}
-NEEDS_HEADS = ("medusa", "medusa+prune", "medusa+dynamic", "propd")
+NEEDS_HEADS = ("medusa", "medusa-63", "medusa+prune", "medusa+dynamic", "propd")
 HF = ("hf", "hf-assisted", "hf-pld")
 # the ASPD model's hybrid decoding (aspd-r0: a repeated title ends the plan, no retries); `ar` of its Seq twin (--twin)
 ASPD_OPTIONS = {"aspd": {}, "aspd-r0": {"title_retries": 0}}

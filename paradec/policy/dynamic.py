@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from paradec.tree.builders import expected_accepted, top_paths
+from paradec.tree.builders import top_paths_scored
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -27,11 +27,13 @@ class RankStats:
         # weighted hit counts per (depth, rank) and weighted trials per depth
         self.hits = [[p * prior_weight for p in row] for row in prior]
         self.trials = [prior_weight] * self.depth
+        self.version = 0  # bumped by every observation
 
     def observe(self, depth: int, rank: int | None) -> None:
         """At ``depth`` (0-based) the target's token was the head's ``rank`` guess (None: none)."""
         self.hits[depth] = [h * self.decay for h in self.hits[depth]]
         self.trials[depth] = self.trials[depth] * self.decay + 1.0
+        self.version += 1
         if rank is not None and rank < self.ranks:
             self.hits[depth][rank] += 1.0
 
@@ -100,6 +102,8 @@ class TreePolicy:
         self.keep = 1.0
         self.recall_hits, self.recall_trials = 20.0 * recall, 20.0  # prior worth 20 observations
         self.prune_next = lower_share is not None
+        self._order: list[tuple[tuple[int, ...], float]] | None = None
+        self._order_version = self._order_n = -1
         # sizes (and modes) tried first, to fit the latency models
         sizes = [1, 8, 32, 4, 16, 64, 2]
         self.probe = [(n, False) for n in sizes]
@@ -127,14 +131,13 @@ class TreePolicy:
         if self.steps % self.explore_every == 0:
             self.prune_next = can_prune and self.rng.random() < 0.5
             return self.rng.choice(SIZES[1:])
-        probs = self.stats.probs()
-        # top_paths is best-first, so the top-n tree is a prefix of the top-max tree: one search
-        order = top_paths(probs, max(SIZES))
+        # best-first, so the top-n tree is a prefix of the top-max tree: one search per step,
+        # which ``paths`` reuses
+        order = self._ordered()
         gain, gain_pruned = [0.0], [0.0]
-        for path in order:
-            e = expected_accepted(probs, [path])
-            gain.append(gain[-1] + e)
-            gain_pruned.append(gain_pruned[-1] + e * self.recall ** len(path))
+        for path, score in order:
+            gain.append(gain[-1] + score)
+            gain_pruned.append(gain_pruned[-1] + score * self.recall ** len(path))
         best, best_rate, self.prune_next = 0, 0.0, False
         for prune in (False, True) if can_prune else (False,):
             lat, g = (self.latency_pruned, gain_pruned) if prune else (self.latency, gain)
@@ -162,5 +165,13 @@ class TreePolicy:
         lat = self.latency_pruned if pruned else self.latency
         lat.observe(self.cost_tokens(batch, drafted, verified, pruned), seconds)
 
+    def _ordered(self, n: int = max(SIZES)) -> list[tuple[tuple[int, ...], float]]:
+        """The best ``n`` rank paths, best-first, with their scores, for the statistics as they
+        are now (cached until the next observation)."""
+        if self._order is None or self._order_version != self.stats.version or self._order_n < n:
+            self._order = top_paths_scored(self.stats.probs(), n)
+            self._order_version, self._order_n = self.stats.version, n
+        return self._order
+
     def paths(self, n: int) -> list[tuple[int, ...]]:
-        return top_paths(self.stats.probs(), n)
+        return [path for path, _ in self._ordered(n)[:n]]

@@ -23,15 +23,20 @@ def top_paths(rank_prob: list[list[float]], n: int) -> list[tuple[int, ...]]:
     <= 1 and fall with rank), so the result is a valid tree in topological order.
     Example: rank_prob [[.6, .2], [.5, .1]], n=3 -> [(0,), (0, 0), (1,)].
     """
+    return [path for path, _ in top_paths_scored(rank_prob, n)]
+
+
+def top_paths_scored(rank_prob: list[list[float]], n: int) -> list[tuple[tuple[int, ...], float]]:
+    """``top_paths`` with each path's score (its probability of being accepted)."""
     depth, ranks = len(rank_prob), len(rank_prob[0]) if rank_prob else 0
     if n <= 0 or depth == 0 or ranks == 0:
         return []
-    out: list[tuple[int, ...]] = []
+    out: list[tuple[tuple[int, ...], float]] = []
     heap = [(-rank_prob[0][0], (0,))]
     seen = {(0,)}
     while heap and len(out) < n:
         neg, path = heapq.heappop(heap)
-        out.append(path)
+        out.append((path, -neg))
         d = len(path)
         nxt = []
         if d < depth:
