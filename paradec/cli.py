@@ -55,6 +55,9 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-nodes", type=int, default=None, help="medusa: static tree size")
     p.add_argument("--no-prune", action="store_true", help="propd: switch early pruning off (ablation)")
     p.add_argument("--static-tree", action="store_true", help="propd: fixed tree size (ablation)")
+    p.add_argument("--step-scores", action="store_true",
+                   help="propd: score tree nodes by this step's head probabilities (calibrated online), not average "
+                        "rank acceptance; a tree per row")
     p.add_argument("--prune-topk", type=int, default=8, help="propd: keep nodes in the parent's early top-k")
     p.add_argument("--title-retries", type=int, default=3,
                    help="aspd: decode a title that repeats the plan again this often (0: a repeat ends the plan)")
@@ -68,6 +71,8 @@ def spec_options(args: argparse.Namespace) -> dict:
         out["prune"] = False
     if args.static_tree:
         out["dynamic"] = False
+    if args.step_scores:
+        out["step_scores"] = True
     if args.expansion is not None:
         out["expansion"] = args.expansion
     return out

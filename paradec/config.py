@@ -175,6 +175,7 @@ class SpecConfig:
     prune: bool = False  # ProPD early pruning inside the verification pass (propd: on)
     prune_topk: int = 8  # keep a node iff its token is in its parent's early-head top-k
     dynamic: bool = False  # ProPD: choose the tree size each step with the cost model (propd: on)
+    step_scores: bool = False  # ProPD option: score nodes by this step's head probabilities, calibrated online
     title_retries: int = 3  # ASPD: times a title that repeats the plan is decoded again (0: it ends the plan)
 
     def __post_init__(self) -> None:

@@ -164,10 +164,12 @@ class Engine:
             # The policy's statistics (rank acceptance, early-head recall, latency) describe this
             # model on this machine, not one request: they carry over from call to call, so
             # only the first request pays for probing tree sizes.
-            key = (id(heads), static, lower, spec.prune_topk)
+            step_scores = spec.step_scores and static is None
+            key = (id(heads), static, lower, spec.prune_topk, step_scores)
             if key not in self._policies:
                 self._policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall)
-            return HeadDrafter(heads, self.model.lm_head, self._policies[key], max_rank=len(prior[0]))
+            return HeadDrafter(heads, self.model.lm_head, self._policies[key], max_rank=len(prior[0]),
+                               step_scores=step_scores)
         return None
 
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter=None) -> Iterator[StepEvent]:

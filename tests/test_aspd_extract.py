@@ -108,3 +108,18 @@ def test_strip_markup_of_a_cut_output():
     cut = "a\n<|title|>x<|/title|><|title|>y<|/title|><|para|><|branch|>x: def x(): pass\n<|/branch|><|branch|>y:def y("
     assert strip_markup(cut) == "a\ndef x(): pass\ndef y("
     assert strip_markup("<|title|>x<|/title|><|para|><|branch|>x: 1<|branch|>y: 2") == "12"
+
+
+def test_ceilings_count_the_longest_branch_and_the_markup(tmp_path):
+    # 3 tips of 8, 7 and 8 words between 4 + 3 serial words (whitespace word counts):
+    # in parallel the group costs its longest branch (8 passes), in ASPD's format also its
+    # plan (1 "word": no spaces), the longest branch's "<|branch|>Move: " prefix (+2) and <|/para|> (+1)
+    text = ("Here are three tips:\n\n1. **Sleep**: go to bed early every night.\n"
+            "2. **Food**: eat fresh vegetables and fruit.\n3. **Move**: walk thirty minutes a day outside.\n\nThat is all.")
+    inp = tmp_path / "answers.jsonl"
+    inp.write_text(json.dumps({"text": text}) + "\n")
+    stats = extract_file(inp, tmp_path / "out.jsonl")
+    assert stats["branches_per_group"] == 3
+    assert stats["ceiling_speedup"] == round(30 / (30 - 23 + 8), 3)
+    assert stats["ceiling_speedup_marked"] == round(30 / (30 - 23 + 1 + 10 + 1), 3)
+    assert stats["ceiling_parallel_answers_marked"] == stats["ceiling_best_answer_marked"] == stats["ceiling_speedup_marked"]

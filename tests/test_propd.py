@@ -12,7 +12,7 @@ from conftest import PROMPTS, two_token_joint_tv
 from paradec.draft import merge
 from paradec.draft.base import DraftTree
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
-from paradec.policy import LatencyModel, TreePolicy
+from paradec.policy import Calibration, LatencyModel, TreePolicy
 from paradec.tree.builders import top_paths
 from paradec.verify.prune import prune_proposal, pruned_pass
 
@@ -46,7 +46,8 @@ def ar_tokens(engine):
 
 @pytest.mark.parametrize("opts", [dict(method="medusa"), dict(method="medusa", tree_nodes=30),
                                   dict(method="propd"), dict(method="propd", prune=False),
-                                  dict(method="propd", dynamic=False), dict(method="propd", prune_topk=64)])
+                                  dict(method="propd", dynamic=False), dict(method="propd", prune_topk=64),
+                                  dict(method="propd", step_scores=True)])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_identical_to_ar(engine, ar_tokens, opts, batch):
     if batch == 1:
@@ -149,3 +150,27 @@ def test_top_paths_is_a_tree_of_best_scores():
     assert paths == [(0,), (0, 0), (1,)]
     paths = top_paths([[0.5, 0.3, 0.1]] * 3, 10)
     assert all(p[:-1] in paths or len(p) == 1 for p in paths)
+
+
+def test_calibration_learns_what_a_head_probability_is_worth():
+    cal = Calibration(depth=2, decay=1.0)
+    for i in range(1000):  # depth 0: a guess given p = 0.6 is right 9 times in 10; p = 0.04 never
+        cal.observe(0, [0.6, 0.04], [i % 10 != 0, False])
+        cal.observe(1, [0.6, 0.04], [i % 10 < 3, False])  # depth 1: over-confident head
+    (s0, s1), (t0, t1) = cal.scores([[0.6, 0.04], [0.6, 0.04]])
+    assert s0 == pytest.approx(0.9, abs=0.01) and t0 == pytest.approx(0.3, abs=0.01)
+    assert s1 < 0.01 and t1 < 0.01
+    table = cal.table()
+    assert all(a <= b for row in table for a, b in zip(row, row[1:]))  # monotone: scores fall with rank
+
+
+def test_step_scores_give_sure_rows_deeper_trees():
+    policy = _policy([[0.5, 0.1]] * 4, 0.010, 0.0003)
+    sure = [[0.95, 0.02]] * 4
+    unsure = [[0.3, 0.2]] * 4
+    n = policy.choose(2, {0: sure, 1: unsure})
+    deep, shallow = policy.paths(n, 0), policy.paths(n, 1)
+    assert max(map(len, deep)) == 4 and max(map(len, shallow)) < 4
+    for tree in (deep, shallow):  # each row's paths are a tree: every prefix is in it
+        assert all(len(p) == 1 or p[:-1] in tree for p in tree)
+    assert policy.choose(2, {0: unsure, 1: unsure}) < n  # nobody is sure: a smaller tree

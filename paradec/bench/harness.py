@@ -32,8 +32,9 @@ PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
            "medusa-63": {"method": "medusa", "tree_nodes": 63},
            "medusa+prune": {"method": "propd", "dynamic": False},  # ablations of ProPD
            "medusa+dynamic": {"method": "propd", "prune": False},
+           "propd+step": {"method": "propd", "step_scores": True},  # nodes scored by this step's head probabilities
            "propd": {"method": "propd"}}
-NEEDS_HEADS = ("medusa", "medusa-63", "medusa+prune", "medusa+dynamic", "propd")
+NEEDS_HEADS = ("medusa", "medusa-63", "medusa+prune", "medusa+dynamic", "propd+step", "propd")
 HF = ("hf", "hf-assisted", "hf-pld")
 # the ASPD model's hybrid decoding (aspd-r0: a repeated title ends the plan, no retries); `ar` of its Seq twin (--twin)
 ASPD_OPTIONS = {"aspd": {}, "aspd-r0": {"title_retries": 0}}

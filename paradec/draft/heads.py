@@ -3,8 +3,11 @@
 After each verification pass the engine hands over the final hidden state of the last
 accepted node (whose LM-head argmax is the bonus, i.e. the next root). Head k's top-R
 guesses fill depth k+1 of the next tree; which (depth, rank) paths are used comes from the
-``TreePolicy`` (a fixed size for Medusa, a size chosen each step for ProPD). The first step
-after prefill has no hidden state yet and verifies the root alone.
+``TreePolicy`` (a fixed size for Medusa, a size chosen each step for ProPD). With
+``step_scores`` (ProPD's default) a guess scores what the policy's calibration says a head
+probability like this step's is worth, so each row gets its own tree; otherwise it scores its
+rank's average acceptance. The first step after prefill has no hidden state yet and verifies
+the root alone.
 
 Children are deterministic guesses, proposed as point masses (q = None): greedy acceptance
 is exact, and so is multi-step speculative sampling (on rejection it removes the guess from p).
@@ -16,16 +19,21 @@ import torch
 
 from paradec.draft.base import DraftTree, Proposal, merge
 from paradec.models.heads import Heads
-from paradec.policy import TreePolicy
+from paradec.policy import Calibration, TreePolicy
 
 
 class HeadDrafter:
-    def __init__(self, heads: Heads, lm_head: torch.nn.Linear, policy: TreePolicy, max_rank: int = 8) -> None:
+    def __init__(self, heads: Heads, lm_head: torch.nn.Linear, policy: TreePolicy, max_rank: int = 8,
+                 step_scores: bool = False) -> None:
         self.heads, self.lm_head, self.policy = heads, lm_head, policy
         self.max_rank = max_rank
         self.hidden: list[torch.Tensor | None] = []
         self.guesses: list[list[list[int]] | None] = []  # [row][depth][rank] of the last proposal
+        self.head_probs: list[list[list[float]] | None] = []  # [row][depth][rank] their probabilities
         self.max_depth = len(heads.medusa.blocks)
+        self.step_scores = step_scores
+        if step_scores and policy.calibration is None:
+            policy.calibration = Calibration(self.max_depth)
 
     @property
     def max_nodes(self) -> int:
@@ -34,25 +42,40 @@ class HeadDrafter:
     def begin(self, prompts: list[list[int]], max_len: int) -> None:
         self.hidden = [None] * len(prompts)
         self.guesses = [None] * len(prompts)
+        self.head_probs = [None] * len(prompts)
 
     def propose(self, sequences: list[list[int]], generators) -> list[Proposal]:
         live = [b for b, h in enumerate(self.hidden) if h is not None]
         out = [Proposal.root_only(seq[-1]) for seq in sequences]
         self.guesses = [None] * len(sequences)
+        self.head_probs = [None] * len(sequences)
         if not live:
             return out
-        n = self.policy.choose(len(sequences))
-        paths = self.policy.paths(n)
-        if not paths:
-            return out
+        if not self.step_scores:  # the tree does not depend on this step's heads: size it first
+            n = self.policy.choose(len(sequences))
+            if n == 0:
+                return out
         hn = torch.stack([self.hidden[b] for b in live])  # [live, hidden]
         with torch.inference_mode():
             logits = self.heads.medusa(hn, self.lm_head)  # [live, heads, vocab]
             # every head's top-R, also past this tree's depth: the online statistics need them
-            top = logits.topk(self.max_rank, dim=-1).indices.tolist()  # host sync: trees are built on the host
+            if self.step_scores:
+                top = logits.float().softmax(-1).topk(self.max_rank, dim=-1)
+                probs = top.values.tolist()
+                top = top.indices.tolist()  # host sync: trees are built on the host
+            else:
+                top = logits.topk(self.max_rank, dim=-1).indices.tolist()
+        if self.step_scores:
+            for i, b in enumerate(live):
+                self.head_probs[b] = probs[i]
+            cal = self.policy.calibration
+            n = self.policy.choose(len(sequences), {b: cal.scores(probs[i]) for i, b in enumerate(live)})
         for i, b in enumerate(live):
             guesses = top[i]
             self.guesses[b] = guesses
+            paths = self.policy.paths(n, b)
+            if not paths:
+                continue
             draft = DraftTree([sequences[b][-1]], [-1], [None])
             node_of = {(): 0}
             for path in paths:
@@ -65,12 +88,14 @@ class HeadDrafter:
 
     def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None:
         """Record where the target's tokens ranked among the heads' guesses, keep ``hidden``."""
-        guesses = self.guesses[row]
+        guesses, probs = self.guesses[row], self.head_probs[row]
         if guesses is not None:
             actual = accepted + [bonus]
             for d in range(min(len(actual), len(guesses))):
                 row_guesses = guesses[d]
                 self.policy.stats.observe(d, row_guesses.index(actual[d]) if actual[d] in row_guesses else None)
+                if probs is not None:
+                    self.policy.calibration.observe(d, probs[d], [g == actual[d] for g in row_guesses])
         self.hidden[row] = hidden
 
     @property

@@ -5,7 +5,18 @@ Input: jsonl of FastChat answer records (``choices[0].turns``) or records with `
 ``marked``), written atomically, and a stats record printed and saved next to OUT.
 
 Statistics: PPD (share of answers with at least one group), degree of parallelism (branch
-tokens / all tokens, over the file), branches per group.
+tokens / all tokens, over the file), branches per group, and two ceilings on ASPD's speedup for
+these answers — what a model that writes exactly them would get, one token per row per pass:
+
+- ``ceiling_speedup``: tokens / passes when every group's branches advance together (a group
+  costs its longest branch), markup free;
+- ``ceiling_speedup_marked``: the same in ASPD's format, where a group also costs its plan
+  (titles, ``<|para|>``, decoded serially), the ``<|branch|>TITLE: `` prefix and end marker of
+  its longest branch, and ``<|/para|>``.
+
+Both are over the file (total tokens / total passes), like tokens per second over a benchmark;
+``ceiling_parallel_answers_marked`` is the marked ceiling over the answers that have a group
+(the prompts that invite parallel answers), ``ceiling_best_answer_marked`` the best answer's.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ from pathlib import Path
 
 from paradec.errors import ParadecError
 from paradec.parallel.extract import find_groups
-from paradec.parallel.markup import mark_up
+from paradec.parallel.markup import BRANCH, END_BRANCH, END_PARA, END_TITLE, PARA, TITLE, Group, mark_up
 
 JUDGE_RULES = (
     "You check whether parts of an answer can be written in parallel. Rules: no branch uses another "
@@ -73,18 +84,42 @@ def _answers(path: Path) -> list[tuple[str, int, str]]:
     return out
 
 
+def group_passes(text: str, group: Group, count) -> tuple[int, int, int]:
+    """-> (plain tokens of the group's branches, passes for them in parallel without markup,
+    passes in ASPD's format: plan + longest marked branch + ``<|/para|>``)."""
+    contents = [text[b.start:b.end] for b in group.branches]
+    plain = [count(c) for c in contents]
+    plan = count("".join(f"{TITLE}{b.title}{END_TITLE}" for b in group.branches) + PARA)
+    marked = [count(f"{BRANCH}{b.title}: {c}{END_BRANCH}") for b, c in zip(group.branches, contents)]
+    return sum(plain), max(plain), plan + max(marked) + count(END_PARA)
+
+
 def extract_file(inp: str | Path, out: str | Path, judge=None, count_tokens=None) -> dict:
     count = count_tokens or (lambda s: len(s.split()))
     inp, out = Path(inp), Path(out)
     records, total_tokens, branch_tokens, group_sizes, parallel = [], 0, 0, [], 0
+    passes = passes_marked = 0  # what the ceilings divide by
+    par_tokens = par_passes_marked = 0  # over the answers with a group
+    best = 1.0
     kinds: dict[str, int] = {}
     for qid, turn, text in _answers(inp):
         groups = find_groups(text, judge)
-        total_tokens += count(text)
+        tokens = count(text)
+        mine, mine_marked = tokens, tokens
         for g in groups:
             group_sizes.append(len(g.branches))
             kinds[g.kind] = kinds.get(g.kind, 0) + 1
-            branch_tokens += sum(count(text[b.start:b.end]) for b in g.branches)
+            plain, longest, marked = group_passes(text, g, count)
+            branch_tokens += plain
+            mine += longest - plain
+            mine_marked += marked - plain
+        total_tokens += tokens
+        passes += mine
+        passes_marked += mine_marked
+        if groups:
+            par_tokens += tokens
+            par_passes_marked += mine_marked
+            best = max(best, tokens / max(1, mine_marked))
         parallel += bool(groups)
         records.append({"question_id": qid, "turn": turn, "parallel": bool(groups),
                         "groups": [{"kind": g.kind, "titles": [b.title for b in g.branches]} for g in groups],
@@ -94,6 +129,10 @@ def extract_file(inp: str | Path, out: str | Path, judge=None, count_tokens=None
              "degree_of_parallelism": round(branch_tokens / max(1, total_tokens), 4),
              "branches_per_group": round(sum(group_sizes) / max(1, len(group_sizes)), 3),
              "groups": len(group_sizes),
+             "ceiling_speedup": round(total_tokens / max(1, passes), 3),
+             "ceiling_speedup_marked": round(total_tokens / max(1, passes_marked), 3),
+             "ceiling_parallel_answers_marked": round(par_tokens / max(1, par_passes_marked), 3) if par_tokens else None,
+             "ceiling_best_answer_marked": round(best, 3),
              "groups_by_kind": kinds}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

@@ -6,13 +6,18 @@ maximizes expected tokens per second for the current batch.
 - ``LatencyModel``: weighted least squares of step time on verified tokens (batch x nodes;
   with early pruning, lower layers count every drafted node and upper layers the survivors),
   recent measurements weighing more.
+- ``Calibration``: P(a head's guess is the target's token | the head gave it probability p),
+  per depth, in probability bins, learned online. With it a node's score can come from this
+  step's head probabilities instead of the average rank acceptance: each row gets its own tree,
+  deep when the heads are sure, small when they are not.
 - ``TreePolicy``: for each candidate size n, the tree is the top-n rank paths by score (always
   a valid tree); expected tokens per step = 1 + sum of node scores; choose
-  argmax_n batch * E(n) / T(batch * (n + 1)).
+  argmax_n sum_rows E_row(n) / T(batch * (n + 1)).
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 
 from paradec.tree.builders import top_paths_scored
@@ -45,6 +50,60 @@ class RankStats:
                 row[r] = min(row[r], row[r - 1])
             out.append(row)
         return out
+
+
+BINS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)  # upper edges of head-probability bins
+
+
+class Calibration:
+    """Per depth and bin of head probability: weighted hits / trials, recent steps weighing more.
+    The prior is a calibrated head (a bin's rate = its centre), worth ``prior_weight`` guesses."""
+
+    def __init__(self, depth: int, decay: float = 0.999, prior_weight: float = 2.0) -> None:
+        centres = [(hi + lo) / 2 for lo, hi in zip((0.0, *BINS[:-1]), BINS)]
+        self.decay = decay
+        self.hits = [[c * prior_weight for c in centres] for _ in range(depth)]
+        self.trials = [[prior_weight] * len(BINS) for _ in range(depth)]
+        self._table: list[list[float]] | None = None
+
+    def observe(self, depth: int, probs: list[float], hits: list[bool]) -> None:
+        """At ``depth`` the head gave its guesses ``probs``; ``hits``: which was the target's token."""
+        if depth >= len(self.hits):
+            return
+        h, t = self.hits[depth], self.trials[depth]
+        for b in range(len(BINS)):
+            h[b] *= self.decay
+            t[b] *= self.decay
+        for p, hit in zip(probs, hits):
+            b = min(bisect.bisect_left(BINS, p), len(BINS) - 1)
+            h[b] += hit
+            t[b] += 1.0
+        self._table = None
+
+    def table(self) -> list[list[float]]:
+        """[depth][bin] acceptance rate, non-decreasing in the bin (so scores fall with rank):
+        the weighted isotonic fit of the bins' rates (pool adjacent violators)."""
+        if self._table is None:
+            self._table = [_isotonic([hb / tb for hb, tb in zip(h, t)], t) for h, t in zip(self.hits, self.trials)]
+        return self._table
+
+    def scores(self, probs: list[list[float]]) -> list[list[float]]:
+        """Head probabilities [depth][rank] (falling with rank) -> acceptance scores [depth][rank]."""
+        table = self.table()
+        return [[table[d][min(bisect.bisect_left(BINS, p), len(BINS) - 1)] for p in row]
+                for d, row in enumerate(probs[: len(table)])]
+
+
+def _isotonic(values: list[float], weights: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares.
+    Example: values [0.4, 0.3], weights [2, 1000] -> both ~0.3002."""
+    blocks: list[list[float]] = []  # [value, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v1, w1, c1), (v2, w2, c2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return [min(1.0, v) for v, _, c in blocks for _ in range(c)]
 
 
 class LatencyModel:
@@ -83,6 +142,9 @@ class TreePolicy:
     the most expected tokens per second, from two latency models (split passes cost
     differently) and the early head's recall learned online: with pruning, a correct node at
     depth d survives with probability recall**d (every edge on its path must pass).
+
+    ``choose(batch, step_scores)``: with this step's calibrated scores per row, each row's tree
+    is its own top-n paths (``paths(n, row)``); without, every row gets the top-n by rank stats.
     """
 
     def __init__(self, prior: list[list[float]], static_nodes: int | None = None,
@@ -104,6 +166,8 @@ class TreePolicy:
         self.prune_next = lower_share is not None
         self._order: list[tuple[tuple[int, ...], float]] | None = None
         self._order_version = self._order_n = -1
+        self.calibration: Calibration | None = None  # set by drafters that score with it
+        self._row_orders: dict[int, list[tuple[tuple[int, ...], float]]] = {}
         # sizes (and modes) tried first, to fit the latency models
         sizes = [1, 8, 32, 4, 16, 64, 2]
         self.probe = [(n, False) for n in sizes]
@@ -119,8 +183,10 @@ class TreePolicy:
         self.recall_hits = self.recall_hits * decay + float(hit)
         self.recall_trials = self.recall_trials * decay + 1.0
 
-    def choose(self, batch: int) -> int:
-        """Number of draft nodes for the next step (sets ``prune_next``)."""
+    def choose(self, batch: int, step_scores: dict[int, list[list[float]]] | None = None) -> int:
+        """Number of draft nodes for the next step (sets ``prune_next``). ``step_scores``: per
+        row that drafts, this step's acceptance score of each head guess [depth][rank]."""
+        self._row_orders = {row: top_paths_scored(sc, max(SIZES)) for row, sc in (step_scores or {}).items()}
         if self.static_nodes is not None:
             return self.static_nodes
         self.steps += 1
@@ -131,21 +197,27 @@ class TreePolicy:
         if self.steps % self.explore_every == 0:
             self.prune_next = can_prune and self.rng.random() < 0.5
             return self.rng.choice(SIZES[1:])
-        # best-first, so the top-n tree is a prefix of the top-max tree: one search per step,
-        # which ``paths`` reuses
-        order = self._ordered()
-        gain, gain_pruned = [0.0], [0.0]
-        for path, score in order:
-            gain.append(gain[-1] + score)
-            gain_pruned.append(gain_pruned[-1] + score * self.recall ** len(path))
+        # best-first, so the top-n tree is a prefix of the top-max tree: one search per step
+        # (per row with step scores), which ``paths`` reuses
+        orders = list(self._row_orders.values()) or [self._ordered()]
+        rows = 1 if self._row_orders else batch  # rank stats: every row expects the same
+        gain, gain_pruned = [0.0] * (max(SIZES) + 1), [0.0] * (max(SIZES) + 1)
+        for order in orders:
+            g = gp = 0.0
+            for n in range(1, max(SIZES) + 1):
+                if n <= len(order):
+                    path, score = order[n - 1]
+                    g += score
+                    gp += score * self.recall ** len(path)
+                gain[n] += g * rows
+                gain_pruned[n] += gp * rows
         best, best_rate, self.prune_next = 0, 0.0, False
         for prune in (False, True) if can_prune else (False,):
             lat, g = (self.latency_pruned, gain_pruned) if prune else (self.latency, gain)
             for n in SIZES:
                 if prune and n == 0:
                     continue
-                e = 1.0 + g[min(n, len(order))]
-                rate = batch * e / lat.predict(self.cost_tokens(batch, n + 1, pruned=prune))
+                rate = (batch + g[n]) / lat.predict(self.cost_tokens(batch, n + 1, pruned=prune))
                 if rate > best_rate:
                     best, best_rate, self.prune_next = n, rate, prune
         return best
@@ -173,5 +245,7 @@ class TreePolicy:
             self._order_version, self._order_n = self.stats.version, n
         return self._order
 
-    def paths(self, n: int) -> list[tuple[int, ...]]:
-        return [path for path, _ in self._ordered(n)[:n]]
+    def paths(self, n: int, row: int | None = None) -> list[tuple[int, ...]]:
+        """The tree of the step ``choose`` sized: ``row``'s own top-n when it had step scores."""
+        order = self._row_orders.get(row) if row is not None else None
+        return [path for path, _ in (order if order is not None else self._ordered(n))[:n]]
