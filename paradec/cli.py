@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--twin", action="store_true", help="train the Seq twin: same windows, markup removed")
     ta.add_argument("--epochs", type=float, default=1.0)
     ta.add_argument("--rank", type=int, default=32)
+    ta.add_argument("--min-branches", type=int, default=2,
+                    help="train on windows whose function group has at least this many branches")
     ta.add_argument("--batch-size", type=int, default=8)
     ta.add_argument("--lr", type=float, default=1e-3)
     ta.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
@@ -239,11 +241,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     elif args.what == "aspd":
         from paradec.train.aspd import AspdTrainConfig, train_aspd
 
-        if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or args.lr <= 0:
-            raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1")
+        if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or args.lr <= 0 or args.min_branches < 2:
+            raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1, --min-branches >= 2")
         cfg = AspdTrainConfig(twin=args.twin, rank=args.rank, alpha=float(args.rank), epochs=args.epochs,
                               batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
-                              minutes=args.minutes, seed=args.seed)
+                              minutes=args.minutes, seed=args.seed, min_branches=args.min_branches)
         summary = train_aspd(args.base, args.out, args.run_dir, cfg)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
 

@@ -52,6 +52,7 @@ class AspdTrainConfig:
     eval_every: int = 100
     save_every: int = 25
     max_tokens: int = 512  # longest marked window
+    min_branches: int = 2  # train on windows whose group has at least this many branches
     seed: int = 0
     minutes: float | None = None  # wall-clock budget of this invocation (rerun to resume)
 
@@ -89,6 +90,10 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
     tok = AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
     sp = Specials.from_tokenizer(tok, "use a tokenizer from `paradec train tokenizer` (the zoo's has them)")
     train, held = load_examples(tok, run_dir.parent, cfg.max_tokens)
+    if cfg.min_branches > 2:  # the plan length the model learns follows the data's (held-out stays all)
+        train = [e for e in train if e.marked.count(sp.branch) >= cfg.min_branches]
+        if not train:
+            raise ParadecError(f"no training window has {cfg.min_branches} branches; lower --min-branches")
     field = "plain" if cfg.twin else "marked"
     train_seqs = [getattr(e, field) for e in train]
     held_seqs = [getattr(e, field) for e in held]

@@ -36,18 +36,43 @@ def _line_end(text: str, pos: int) -> int:
 
 def examples_from_sources(sources: list[str], tokenizer, max_tokens: int = 512, before: int = 600,
                           after: int = 200) -> list[Example]:
-    """One example per accepted group (at most ``max_tokens`` marked tokens)."""
+    """One example per accepted group (at most ``max_tokens`` marked tokens). A group too long
+    for one window gives one example per run of >= 2 consecutive branches that fits (any run of
+    an independent group is independent, and the branches after it do not use it), so large
+    groups — the ones with many branches — are not lost to the length limit."""
     out = []
     for source in sources:
         for g in code_groups(source):
-            start, end = g.branches[0].start, g.branches[-1].end
-            lo, hi = _line_start(source, max(0, start - before)), _line_end(source, min(len(source), end + after))
-            window = source[lo:hi]
-            shifted = Group(tuple(Branch(b.title, b.start - lo, b.end - lo) for b in g.branches), g.kind)
-            marked = tokenizer(mark_up(window, [shifted]), add_special_tokens=False).input_ids
-            if len(marked) <= max_tokens:
-                out.append(Example(list(marked), list(tokenizer(window, add_special_tokens=False).input_ids)))
+            whole = _example(source, g.branches, tokenizer, max_tokens, before, after)
+            if whole is not None:
+                out.append(whole)
+                continue
+            i, k = 0, len(g.branches)
+            while i < k - 1:
+                best, j = None, i + 2
+                while j <= k:
+                    ex = _example(source, g.branches[i:j], tokenizer, max_tokens, before, after)
+                    if ex is None:
+                        break
+                    best, j = ex, j + 1
+                if best is None:
+                    i += 1
+                else:
+                    out.append(best)
+                    i = j - 1
     return out
+
+
+def _example(source: str, branches, tokenizer, max_tokens: int, before: int, after: int) -> Example | None:
+    """The window around ``branches`` (a run of one group) marked up, or None if it is too long."""
+    start, end = branches[0].start, branches[-1].end
+    lo, hi = _line_start(source, max(0, start - before)), _line_end(source, min(len(source), end + after))
+    window = source[lo:hi]
+    shifted = Group(tuple(Branch(b.title, b.start - lo, b.end - lo) for b in branches), "code")
+    marked = tokenizer(mark_up(window, [shifted]), add_special_tokens=False).input_ids
+    if len(marked) > max_tokens:
+        return None
+    return Example(list(marked), list(tokenizer(window, add_special_tokens=False).input_ids))
 
 
 def collate(seqs: list[list[int]], branch_open: int | None, branch_close: int | None, pad: int = 0):
