@@ -68,21 +68,28 @@ class AspdStats:
 
 MAX_BRANCHES = 16  # titles in one plan
 MAX_TITLE_TOKENS = 16
+MIN_BRANCH_TOKENS = 16  # token budget each planned branch must still have room for
 
 
-def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int) -> torch.Tensor:
+def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
+                budget_left: int | None = None) -> torch.Tensor:
     """[vocab] bool: the tokens the grammar allows next in serial mode: titles come first, each
     at most ``MAX_TITLE_TOKENS`` long, at most ``MAX_BRANCHES`` of them, then ``<|para|>``; no
     title right after a group; branch markers and ``<|/para|>`` never (the parallel mode places
-    them). A title that repeats one of the plan is handled by the decoder (it ends the plan)."""
+    them). A title that repeats one of the plan is handled by the decoder (it ends the plan).
+    With ``budget_left`` (new tokens still allowed) a plan only grows while each of its branches
+    keeps ``MIN_BRANCH_TOKENS`` of room (a plan must not eat the budget of its own branches),
+    and only opens where two branches fit."""
     allowed = torch.ones(vocab, dtype=torch.bool)
     allowed[[sp.end_para, sp.branch, sp.end_branch]] = False
     last = history[-1] if history else None
     in_titles = sp.title in history and (sp.para not in history[_last_index(history, sp.title):])
+    room = budget_left is None or budget_left >= 2 * MIN_BRANCH_TOKENS
     if last == sp.end_title:
+        n = len(_titles(history, sp))
         allowed[:] = False
         allowed[sp.para] = True
-        allowed[sp.title] = len(_titles(history, sp)) < MAX_BRANCHES
+        allowed[sp.title] = n < MAX_BRANCHES and (budget_left is None or budget_left >= (n + 1) * MIN_BRANCH_TOKENS)
         return allowed
     if last == sp.title:
         allowed[[sp.title, sp.end_title, sp.para]] = False
@@ -94,7 +101,7 @@ def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int)
             allowed[sp.end_title] = True
     else:
         allowed[[sp.end_title, sp.para]] = False
-    if just_merged:
+    if just_merged or not room:
         allowed[sp.title] = False
     return allowed
 
@@ -215,7 +222,8 @@ class _RowDecoder:
         sp = self.sp
         self.stats.steps += 1
         if not self.parallel:
-            allowed = serial_mask(sp, self.history, self.just_merged, self.vocab)
+            budget_left = self.max_new - len(self.new)  # serial: merged branches are in `new`
+            allowed = serial_mask(sp, self.history, self.just_merged, self.vocab, budget_left)
             if self.history[-1] == sp.title and self.title_bans:
                 allowed[list(self.title_bans)] = False
             tok = int(logits[-1].float().masked_fill(~allowed.to(logits.device), float("-inf")).argmax())
