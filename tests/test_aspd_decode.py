@@ -60,7 +60,7 @@ def test_engine_mask_and_positions_equal_training_layout(aspd_engine):
     engine = aspd_engine
     sp = Specials.from_tokenizer(engine.tokenizer.hf)
     prompt = _prompt(engine, ("a", "bb"))
-    new, stats = aspd_decode(engine.model, sp, prompt, 64, frozenset(), record=True, max_branch_tokens=6)
+    new, stats = aspd_decode(engine.model, sp, prompt, 96, frozenset(), record=True, max_branch_tokens=6)
     _assert_trace_is_training_layout(sp, prompt, new, stats)
 
 
@@ -100,11 +100,13 @@ def test_grammar_titles_unique_and_bounded(aspd_engine):
     allowed = serial_mask(sp, [7, 8], False, vocab)
     assert allowed[sp.title] and not allowed[sp.para] and not allowed[sp.branch] and not allowed[sp.end_title]
     # the budget: a plan grows only while every branch keeps room, and opens only where two fit
+    # (three 1-token titles: <|para|> + 3 x (<|branch|> title : + content + <|/branch|>) + <|/para|>)
     two = [7, sp.title, a, sp.end_title, sp.title, b, sp.end_title]
-    assert serial_mask(sp, two, False, vocab, budget_left=3 * MIN_BRANCH_TOKENS)[sp.title]
-    allowed = serial_mask(sp, two, False, vocab, budget_left=3 * MIN_BRANCH_TOKENS - 1)
+    need = 2 + 3 * (1 + 3 + MIN_BRANCH_TOKENS)
+    assert serial_mask(sp, two, False, vocab, budget_left=need)[sp.title]
+    allowed = serial_mask(sp, two, False, vocab, budget_left=need - 1)
     assert allowed.sum() == 1 and allowed[sp.para]
-    assert not serial_mask(sp, [7, 8], False, vocab, budget_left=2 * MIN_BRANCH_TOKENS - 1)[sp.title]
+    assert not serial_mask(sp, [7, 8], False, vocab, budget_left=2 + 2 * (1 + 3 + MIN_BRANCH_TOKENS) - 1)[sp.title]
 
 
 class _Scripted:
@@ -130,14 +132,14 @@ def test_a_repeated_title_is_retried_then_ends_the_plan(aspd_engine):
     x = engine.tokenizer.hf("x", add_special_tokens=False).input_ids[-1]
     prompt = engine.tokenizer.encode("def f(a):\n")
     script = [sp.title, x, sp.end_title, sp.title, x, sp.end_title]
-    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 64, frozenset(), record=True,
+    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True,
                              max_branch_tokens=6)
     plan = new[: new.index(sp.para)] if sp.para in new else new
     titles = [plan[i + 1: plan.index(sp.end_title, i)] for i, t in enumerate(plan) if t == sp.title and sp.end_title in plan[i:]]
     assert titles[0] == [x] and len(titles) >= 2 and titles[1][0] != x  # retried with "x" banned
     assert len({tuple(t) for t in titles}) == len(titles)
     _assert_trace_is_training_layout(sp, prompt, new, stats)
-    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 40, frozenset(), record=True,
+    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 64, frozenset(), record=True,
                              max_branch_tokens=6, title_retries=0)
     assert new[:5] == [sp.title, x, sp.end_title, sp.para, sp.branch] and stats.branches == 1
     _assert_trace_is_training_layout(sp, prompt, new, stats)

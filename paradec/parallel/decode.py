@@ -77,19 +77,21 @@ def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
     at most ``MAX_TITLE_TOKENS`` long, at most ``MAX_BRANCHES`` of them, then ``<|para|>``; no
     title right after a group; branch markers and ``<|/para|>`` never (the parallel mode places
     them). A title that repeats one of the plan is handled by the decoder (it ends the plan).
-    With ``budget_left`` (new tokens still allowed) a plan only grows while each of its branches
-    keeps ``MIN_BRANCH_TOKENS`` of room (a plan must not eat the budget of its own branches),
-    and only opens where two branches fit."""
+    With ``budget_left`` (new tokens still allowed) a plan must not eat its own branches' budget:
+    another title is allowed only while every planned branch, and one more like them, still has
+    room for its forced ``<|branch|>TITLE:`` prefix and ``MIN_BRANCH_TOKENS`` of content
+    (``_plan_cost``); a plan opens only where two short branches fit."""
     allowed = torch.ones(vocab, dtype=torch.bool)
     allowed[[sp.end_para, sp.branch, sp.end_branch]] = False
     last = history[-1] if history else None
     in_titles = sp.title in history and (sp.para not in history[_last_index(history, sp.title):])
-    room = budget_left is None or budget_left >= 2 * MIN_BRANCH_TOKENS
+    room = budget_left is None or budget_left >= _plan_cost([[0], [0]])
     if last == sp.end_title:
-        n = len(_titles(history, sp))
+        titles = _titles(history, sp)
         allowed[:] = False
         allowed[sp.para] = True
-        allowed[sp.title] = n < MAX_BRANCHES and (budget_left is None or budget_left >= (n + 1) * MIN_BRANCH_TOKENS)
+        one_more = titles + [[0] * max(1, round(sum(map(len, titles)) / len(titles)))]  # an average title
+        allowed[sp.title] = len(titles) < MAX_BRANCHES and (budget_left is None or budget_left >= _plan_cost(one_more))
         return allowed
     if last == sp.title:
         allowed[[sp.title, sp.end_title, sp.para]] = False
@@ -104,6 +106,12 @@ def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
     if just_merged or not room:
         allowed[sp.title] = False
     return allowed
+
+
+def _plan_cost(titles: list[list[int]]) -> int:
+    """Tokens a plan of ``titles`` still needs once decided: <|para|>, per branch its forced
+    prefix (<|branch|> TITLE :), ``MIN_BRANCH_TOKENS`` of content and <|/branch|>, <|/para|>."""
+    return 2 + sum(len(t) + 3 + MIN_BRANCH_TOKENS for t in titles)
 
 
 def _last_index(seq: list[int], tok: int) -> int:
