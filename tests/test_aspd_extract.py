@@ -107,7 +107,10 @@ def test_strip_markup_of_a_cut_output():
 
     cut = "a\n<|title|>x<|/title|><|title|>y<|/title|><|para|><|branch|>x: def x(): pass\n<|/branch|><|branch|>y:def y("
     assert strip_markup(cut) == "a\ndef x(): pass\ndef y("
-    assert strip_markup("<|title|>x<|/title|><|para|><|branch|>x: 1<|branch|>y: 2") == "12"
+    assert strip_markup("<|title|>x<|/title|><|para|><|branch|>x: 1<|branch|>y: 2") == "1\n2"
+    # a branch the budget ended mid-line (end marker forced) does not run into the next one
+    forced = "<|para|><|branch|>x: def x():\n    ret<|/branch|><|branch|>y: def y():\n    pass\n<|/branch|><|/para|>"
+    assert strip_markup(forced) == "def x():\n    ret\ndef y():\n    pass\n"
 
 
 def test_ceilings_count_the_longest_branch_and_the_markup(tmp_path):

@@ -48,7 +48,20 @@ _BRANCH = re.compile(re.escape(BRANCH) + r"(.*?): ?(.*?)(?:" + re.escape(END_BRA
 
 
 def strip_markup(marked: str) -> str:
-    """Plain text for users: titles and markers dropped, branches joined in order."""
+    """Plain text for users: titles and markers dropped, branches joined in order. A branch that
+    does not end its line (the token budget cut it) is followed by a newline before the next
+    branch, so one branch never runs into the next; a complete branch always ends with the
+    whitespace that separated it from the next, so complete text comes back unchanged."""
     text = _TITLES.sub("", marked)
-    text = _BRANCH.sub(lambda m: m.group(2), text)
-    return text.replace(PARA, "").replace(END_PARA, "")
+    matches = list(_BRANCH.finditer(text))
+    out, pos = [], 0
+    for i, m in enumerate(matches):
+        out.append(text[pos: m.start()])
+        content = m.group(2)
+        followed = i + 1 < len(matches) and matches[i + 1].start() == m.end()
+        if followed and content and not content.endswith("\n"):
+            content += "\n"
+        out.append(content)
+        pos = m.end()
+    out.append(text[pos:])
+    return "".join(out).replace(PARA, "").replace(END_PARA, "")
