@@ -8,7 +8,7 @@
    = sum(1 + accepted) / sum T(n_step) for
    - static: the top-n rank paths by the measured rank acceptance (Medusa; `medusa` uses n = 16);
    - adaptive: each step the top-n paths by this step's head probabilities, calibrated per depth
-     on the first half, n chosen to maximize (1 + expected accepted) / T(n) — the best a
+     on the first half (``paradec.policy.Calibration``, as ``--step-scores`` does online), n chosen to maximize (1 + expected accepted) / T(n) — the best a
      per-step tree policy with these heads can expect to do;
    - oracle: a chain of exactly the tokens the target will accept (unreachable; an upper bound).
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import math
 import sys
 import time
 from pathlib import Path
@@ -29,12 +28,12 @@ import torch
 import paradec
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import machine, markdown_table, write_json
+from paradec.policy import Calibration
 from paradec.tree.builders import top_paths_scored
 from paradec.zoo import bundled
 
 SIZES = (0, 1, 2, 4, 8, 16, 32, 63)
 RANKS = 8
-BINS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.01)  # upper edges of head-probability bins
 
 
 def step_costs(engine, prompts: list[str], max_new_tokens: int) -> dict[int, float]:
@@ -97,25 +96,16 @@ def main() -> int:
     fit, test = data[: len(data) // 2], data[len(data) // 2:]
     depth = len(fit[0][2])
 
-    # rank acceptance (static trees) and per-depth calibration of head probabilities, on `fit`
+    # rank acceptance (static trees) and the policy's own calibration of head probabilities, on `fit`
     hits = [[0] * RANKS for _ in range(depth)]
-    bins = [[[0, 0] for _ in BINS] for _ in range(depth)]
+    calib = Calibration(depth, decay=1.0)
     for p, guesses, truth in fit:
         for d in range(depth):
+            row_hits = [guesses[d][r] == truth[d] for r in range(RANKS)]
+            calib.observe(d, p[d], row_hits)
             for r in range(RANKS):
-                hit = guesses[d][r] == truth[d]
-                hits[d][r] += hit
-                b = bins[d][bisect.bisect_left(BINS, p[d][r])]
-                b[0], b[1] = b[0] + hit, b[1] + 1
+                hits[d][r] += row_hits[r]
     rank_prob = [[h / len(fit) for h in row] for row in hits]
-    calib = []
-    for d in range(depth):
-        row, last = [], 0.0
-        for k, (h, n) in enumerate(bins[d]):
-            prior = BINS[k] - 0.5 * (BINS[k] - (BINS[k - 1] if k else 0.0))  # bin centre, worth 1 sample
-            last = max(last, (h + prior) / (n + 1))  # monotone in the head's probability
-            row.append(last)
-        calib.append(row)
 
     def replay(choose) -> tuple[float, float, float]:
         tokens = ms = nodes = 0.0
@@ -140,8 +130,7 @@ def main() -> int:
         rows.append({"policy": f"static {n}", "tokens_per_s": rate, "tau": tau, "nodes_per_step": nodes})
 
     def adaptive(p, guesses, truth):
-        step_prob = [[calib[d][bisect.bisect_left(BINS, p[d][r])] for r in range(RANKS)] for d in range(depth)]
-        order = top_paths_scored(step_prob, max(SIZES))
+        order = top_paths_scored(calib.scores(p), max(SIZES))
         best, best_rate, gain = 0, 0.0, [0.0]
         for _, score in order:
             gain.append(gain[-1] + score)
@@ -171,7 +160,7 @@ def main() -> int:
     costs = markdown_table([{"nodes": n, "ms_per_step": cost[n]} for n in SIZES], ["nodes", "ms_per_step"])
     print(costs + "\n\n" + table)
     write_json({"command": " ".join(sys.argv), "machine": machine(), "positions": len(data),
-                "ms_per_step": cost, "calibration": calib, "rank_prob": rank_prob, "rows": rows,
+                "ms_per_step": cost, "calibration": calib.table(), "rank_prob": rank_prob, "rows": rows,
                 "seconds": time.perf_counter() - t0, "table": table, "costs": costs}, args.out)
     return 0
 

@@ -4,7 +4,7 @@ After each verification pass the engine hands over the final hidden state of the
 accepted node (whose LM-head argmax is the bonus, i.e. the next root). Head k's top-R
 guesses fill depth k+1 of the next tree; which (depth, rank) paths are used comes from the
 ``TreePolicy`` (a fixed size for Medusa, a size chosen each step for ProPD). With
-``step_scores`` (ProPD's default) a guess scores what the policy's calibration says a head
+``step_scores`` (a ProPD option) a guess scores what the policy's calibration says a head
 probability like this step's is worth, so each row gets its own tree; otherwise it scores its
 rank's average acceptance. The first step after prefill has no hidden state yet and verifies
 the root alone.

@@ -29,13 +29,23 @@ class Group:
     kind: str  # "code" | "list" | "section"
 
 
+def plan_text(group: Group) -> str:
+    """The serial plan of a group: its titles, then ``<|para|>``."""
+    return "".join(f"{TITLE}{b.title}{END_TITLE}" for b in group.branches) + PARA
+
+
+def branch_text(title: str, content: str) -> str:
+    """One branch as decoded in parallel: ``<|branch|>TITLE: content<|/branch|>``."""
+    return f"{BRANCH}{title}: {content}{END_BRANCH}"
+
+
 def mark_up(text: str, groups: list[Group]) -> str:
     """``text`` with every group (non-overlapping, in order) serialized in the ASPD format."""
     out, pos = [], 0
     for g in sorted(groups, key=lambda g: g.branches[0].start):
         out.append(text[pos: g.branches[0].start])
-        out.append("".join(f"{TITLE}{b.title}{END_TITLE}" for b in g.branches) + PARA)
-        out.append("".join(f"{BRANCH}{b.title}: {text[b.start:b.end]}{END_BRANCH}" for b in g.branches))
+        out.append(plan_text(g))
+        out.append("".join(branch_text(b.title, text[b.start:b.end]) for b in g.branches))
         out.append(END_PARA)
         pos = g.branches[-1].end
     out.append(text[pos:])

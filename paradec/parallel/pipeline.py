@@ -28,7 +28,7 @@ from pathlib import Path
 
 from paradec.errors import ParadecError
 from paradec.parallel.extract import find_groups
-from paradec.parallel.markup import BRANCH, END_BRANCH, END_PARA, END_TITLE, PARA, TITLE, Group, mark_up
+from paradec.parallel.markup import END_PARA, Group, branch_text, mark_up, plan_text
 
 JUDGE_RULES = (
     "You check whether parts of an answer can be written in parallel. Rules: no branch uses another "
@@ -89,8 +89,8 @@ def group_passes(text: str, group: Group, count) -> tuple[int, int, int]:
     passes in ASPD's format: plan + longest marked branch + ``<|/para|>``)."""
     contents = [text[b.start:b.end] for b in group.branches]
     plain = [count(c) for c in contents]
-    plan = count("".join(f"{TITLE}{b.title}{END_TITLE}" for b in group.branches) + PARA)
-    marked = [count(f"{BRANCH}{b.title}: {c}{END_BRANCH}") for b, c in zip(group.branches, contents)]
+    plan = count(plan_text(group))
+    marked = [count(branch_text(b.title, c)) for b, c in zip(group.branches, contents)]
     return sum(plain), max(plain), plan + max(marked) + count(END_PARA)
 
 
