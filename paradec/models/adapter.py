@@ -143,16 +143,24 @@ def merge_into(model: nn.Module, cfg: AdapterConfig, tensors: dict[str, torch.Te
         model.embed.weight.index_add_(0, ids, rows.to(model.embed.weight))
 
 
-def merge_to_hf(adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write base + adapter, merged, as a plain HF checkpoint (config, bf16 safetensors, tokenizer)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """The tokenizer (and generation config) files ``src`` has, into ``dst``."""
     import shutil
 
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+
+
+def merge_to_hf(adapter_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write base + adapter, merged, as a plain HF checkpoint (config, bf16 safetensors, tokenizer)."""
     from paradec.models.checkpoint import load_model, save_model
 
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     model = load_model(adapter_dir, torch.float32)
     save_model(model, out_dir, torch.bfloat16)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (adapter_dir / name).is_file():
-            shutil.copyfile(adapter_dir / name, out_dir / name)
+    copy_tokenizer(adapter_dir, out_dir)
     return out_dir

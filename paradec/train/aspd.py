@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from tqdm import tqdm
 
 from paradec.errors import ParadecError
 from paradec.models import load_model
-from paradec.models.adapter import Adapter, AdapterConfig
+from paradec.models.adapter import Adapter, AdapterConfig, copy_tokenizer
 from paradec.parallel.decode import Specials
 from paradec.train.aspd_data import Example, collate, examples_from_sources
 from paradec.train.corpus import read_split
@@ -181,7 +180,5 @@ def export_adapter(adapter: Adapter, base_dir: Path, out_dir: Path, summary: dic
         base = str(base_dir.resolve())
     adapter.cfg = AdapterConfig(**{**asdict(adapter.cfg), "base": base})
     adapter.save(out_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (base_dir / name).is_file():
-            shutil.copyfile(base_dir / name, out_dir / name)
+    copy_tokenizer(base_dir, out_dir)
     (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
