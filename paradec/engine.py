@@ -19,6 +19,7 @@ from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
 from paradec.draft import HeadDrafter, ModelDrafter, NgramDrafter, Proposal, TreeDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
+from paradec.models.gguf import resolve_model
 from paradec.models.heads import Heads, load_heads
 from paradec.policy import TreePolicy
 from paradec.sampling import greedy
@@ -80,7 +81,8 @@ class Engine:
     # ---- public API -------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]], *, chat: bool = False,
                  drafter=None, **options) -> Generation | list[Generation]:
-        """Decode one prompt (str or token ids) or a batch (a list of them).
+        """Decode one prompt (str, token ids, or a conversation: a list of ``{"role", "content"}``
+        messages, put through the model's chat template) or a batch (a list of them).
 
         Returns one ``Generation`` per prompt, in order (a bare one for a single prompt).
         ``drafter`` plugs in any object with ``max_nodes``, ``begin``, ``propose`` and
@@ -100,7 +102,7 @@ class Engine:
         out = [self._finish(row, gen) for row in rows]
         return out[0] if single else out
 
-    def stream(self, prompt: str | list[int], *, chat: bool = False, **options) -> Iterator[str]:
+    def stream(self, prompt: str | list[int] | list[dict], *, chat: bool = False, **options) -> Iterator[str]:
         """Yield the text of one prompt piece by piece as it is committed (same options as
         ``generate``). The pieces concatenate to ``generate(prompt, ...).text``."""
         gen = self.config(**options)
@@ -300,8 +302,16 @@ class Engine:
         return new
 
     # ---- edges ------------------------------------------------------------------------------
-    def _encode(self, prompt: str | list[int], chat: bool) -> list[int]:
-        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt, chat)
+    def _encode(self, prompt: str | list[int] | list[dict], chat: bool) -> list[int]:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):  # a conversation
+            ids = self.tokenizer.encode_messages(prompt)
+        elif isinstance(prompt, list):
+            ids = list(prompt)
+        elif isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, chat)
+        else:
+            raise ParadecError(f"a prompt must be a string, token ids or a list of messages, not "
+                               f"{type(prompt).__name__}")
         if not ids:
             raise ParadecError("the prompt is empty after tokenization; pass some text")
         limit = self.model.config.context_length
@@ -338,7 +348,8 @@ class Engine:
 
 
 def _as_batch(prompts) -> tuple[bool, list]:
-    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+    """(single?, list of prompts): a string, a list of token ids or a list of messages is one prompt."""
+    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], (int, dict))):
         return True, [prompts]
     if not isinstance(prompts, list) or not prompts:
         raise ParadecError("prompts must be a string, a list of token ids, or a non-empty list of those")
@@ -360,7 +371,7 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
         raise ParadecError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ParadecError(f"unknown device {device!r}; use cpu or cuda")
-    model_dir = Path(model_dir)
+    model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
     model = load_model(model_dir, dtype, device)
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
     engine.load_drafts(list(drafts))

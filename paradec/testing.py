@@ -70,3 +70,117 @@ def make_checkpoint(out_dir: str | Path, family: str = "llama", vocab_size: int 
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
+
+
+# ---- tiny GGUF files, written the way llama.cpp's converter writes them ----------------------
+GGUF_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def llamacpp_permute(w, n_heads: int):
+    """llama.cpp's q/k row order (convert_hf_to_gguf's ``LlamaModel.permute``), w [n_heads * head_dim, ...]."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_block(values, qtype):
+    """values [rows, cols] float32 -> quantized bytes [rows, bytes] of ``qtype``. The K-quants,
+    which gguf-py cannot quantize, get random blocks with small finite scales (any such block
+    is a valid tensor to dequantize)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+
+    if qtype in (Q.F32, Q.F16):
+        return values.astype(np.float32 if qtype == Q.F32 else np.float16)
+    if qtype not in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        return quantize(values, qtype)
+    size = {Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}[qtype]
+    rng = np.random.default_rng(int(abs(values).sum() * 1000) % 2**32)
+    rows, blocks = values.shape[0], values.shape[1] // 256
+    raw = rng.integers(0, 256, (rows, blocks, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
+    if qtype == Q.Q6_K:  # ql, qh, int8 scales, then d
+        raw[..., 208:210] = scale
+    else:  # d, dmin first
+        raw[..., 0:2] = scale
+        raw[..., 2:4] = scale
+    return raw.reshape(rows, blocks * size)
+
+
+def write_gguf(path: str | Path, tokenizer, arch: str = "llama", hidden_size: int = 256, num_layers: int = 2,
+               num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int = 512, seed: int = 0,
+               quant: dict | None = None, pre: str = "smollm", tie: bool = True, extra_tensor: str | None = None,
+               std: float = 0.08):
+    """A random-weight ``arch`` GGUF file with ``tokenizer``'s vocabulary (gpt2-style BPE).
+
+    quant: GGUF tensor-name fragment -> GGMLQuantizationType (default: F32 everywhere). q/k rows
+    are permuted as llama.cpp's converter does for llama. Returns the original (HF-order) fp32
+    weights by HF name, before quantization.
+    """
+    import json
+
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+
+    rng = np.random.default_rng(seed)
+    vocab = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in vocab["merges"]]
+    head_dim = hidden_size // num_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny-test")
+    w.add_block_count(num_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden_size)
+    w.add_feed_forward_length(intermediate_size)
+    w.add_head_count(num_heads)
+    w.add_head_count_kv(num_kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t.startswith("<|") else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokenizer.bos_token_id)
+    w.add_eos_token_id(tokenizer.eos_token_id)
+    w.add_chat_template(GGUF_CHAT_TEMPLATE)
+    quant = quant or {}
+    shapes = {"token_embd.weight": (len(tokens), hidden_size), "output_norm.weight": (hidden_size,)}
+    if not tie:
+        shapes["output.weight"] = (len(tokens), hidden_size)
+    for i in range(num_layers):
+        shapes.update({f"blk.{i}.attn_norm.weight": (hidden_size,), f"blk.{i}.ffn_norm.weight": (hidden_size,),
+                       f"blk.{i}.attn_q.weight": (num_heads * head_dim, hidden_size),
+                       f"blk.{i}.attn_k.weight": (num_kv_heads * head_dim, hidden_size),
+                       f"blk.{i}.attn_v.weight": (num_kv_heads * head_dim, hidden_size),
+                       f"blk.{i}.attn_output.weight": (hidden_size, num_heads * head_dim),
+                       f"blk.{i}.ffn_gate.weight": (intermediate_size, hidden_size),
+                       f"blk.{i}.ffn_up.weight": (intermediate_size, hidden_size),
+                       f"blk.{i}.ffn_down.weight": (hidden_size, intermediate_size)})
+        if arch == "qwen2":
+            shapes.update({f"blk.{i}.attn_q.bias": (num_heads * head_dim,),
+                           f"blk.{i}.attn_k.bias": (num_kv_heads * head_dim,),
+                           f"blk.{i}.attn_v.bias": (num_kv_heads * head_dim,)})
+    if extra_tensor:
+        shapes[extra_tensor] = (hidden_size,)
+    originals = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            values = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            values = (std * rng.standard_normal(shape)).astype(np.float32)
+        originals[name] = values
+        stored = values
+        if arch in ("llama", "mistral") and (".attn_q." in name or ".attn_k." in name):
+            stored = llamacpp_permute(values, num_heads if ".attn_q." in name else num_kv_heads)
+        qtype = next((q for frag, q in quant.items() if frag in name), Q.F32) if len(shape) == 2 else Q.F32
+        data = _gguf_block(np.ascontiguousarray(stored), qtype)
+        w.add_tensor(name, data, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return originals

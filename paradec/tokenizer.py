@@ -16,14 +16,28 @@ class Tokenizer:
     hf: object
     eos_ids: frozenset[int] = field(default_factory=frozenset)
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
     def encode(self, text: str, chat: bool = False) -> list[int]:
+        """Token ids of ``text``; with ``chat``, of a one-message user conversation."""
         if chat:
-            if not getattr(self.hf, "chat_template", None):
-                raise ParadecError("this model's tokenizer has no chat template; drop --chat")
-            text = self.hf.apply_chat_template([{"role": "user", "content": text}],
-                                               add_generation_prompt=True, tokenize=False)
-            return list(self.hf(text, add_special_tokens=False).input_ids)
+            return self.encode_messages([{"role": "user", "content": text}])
         return list(self.hf(text).input_ids)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation (``[{"role": "user", "content": "..."}, ...]``) through the
+        model's chat template, ending with the assistant's turn opened."""
+        if not self.has_chat_template:
+            raise ParadecError("this model's tokenizer has no chat template; pass plain text instead of messages "
+                               "(or drop --chat)")
+        if not messages or any(not isinstance(m, dict) or not isinstance(m.get("content"), str)
+                               or m.get("role") not in ("system", "user", "assistant") for m in messages):
+            raise ParadecError("messages must be a non-empty list of {'role': 'system'|'user'|'assistant', "
+                               "'content': str} records")
+        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.hf(text, add_special_tokens=False).input_ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)

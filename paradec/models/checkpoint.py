@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from paradec.config import ModelConfig
 from paradec.errors import ParadecError
 from paradec.models.adapter import is_adapter, merge_into, read_adapter
+from paradec.models.gguf import resolve_model
 from paradec.models.llama import Transformer, rope_inv_freq
 
 # our name -> HF names concatenated along dim 0 ("{i}" = layer index)
@@ -67,8 +68,9 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
                device: str | torch.device = "cpu") -> Transformer:
-    """Build our Transformer from a local HF directory (config.json + safetensors)."""
-    model_dir = Path(model_dir)
+    """Build our Transformer from a local HF directory (config.json + safetensors) or a GGUF
+    file (converted once and cached, ``paradec.models.gguf``)."""
+    model_dir = resolve_model(model_dir)
     if not model_dir.is_dir():
         raise ParadecError(f"model directory {str(model_dir)!r} does not exist; pass --model PATH "
                            "to a Hugging Face-format directory (config.json + *.safetensors)")
