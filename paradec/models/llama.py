@@ -17,6 +17,11 @@ from torch import nn
 from paradec.config import ModelConfig
 from paradec.kv import KVCache
 
+# Passes of at most this many tokens per row (decode steps, verified trees) attend in fp32
+# (``cached_attention``); longer ones (prefill) through the fused kernel. A prefill is the same
+# for every method, so only the short passes need to agree with each other.
+EXACT_ROWS = 64
+
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """[head_dim // 2] inverse frequencies, with linear or llama3 scaling when configured."""
@@ -74,19 +79,44 @@ class Attention(nn.Module):
         v = v.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        if cache is None:  # training / plain causal pass over the whole sequence
-            causal = mask is None
-        else:
+        if cache is not None:
             k, v = cache.write(self.layer, k, v, slots)  # [batch, kv_heads, span, head_dim]
-            causal = False
-        gqa = self.n_kv != self.n_heads
-        if gqa and x.device.type == "cpu" and mask is not None:
-            # the CPU kernel's enable_gqa path does not take every mask layout; expand instead
-            rep = self.n_heads // self.n_kv
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            gqa = False
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+        if cache is not None and n <= EXACT_ROWS:  # a decode step or a tree: fp32
+            out = cached_attention(q, k, v, mask)
+        else:  # training, scoring, prefill: one fused kernel (causal when there is no mask)
+            gqa = self.n_kv != self.n_heads
+            if gqa and x.device.type == "cpu" and mask is not None:
+                # the CPU kernel's enable_gqa path does not take every mask layout; expand instead
+                rep = self.n_heads // self.n_kv
+                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+                gqa = False
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and cache is None,
+                                                 enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(b, n, -1))
+
+
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention of a decode / verification pass, computed in fp32.
+
+    q [batch, heads, n, head_dim]; k, v [batch, kv_heads, span, head_dim]; mask [batch, 1, n,
+    span] bool (None: every slot visible) -> [batch, heads, n, head_dim] in q's dtype.
+
+    The fused SDPA kernel picks its blocking and its bf16 rounding of the probabilities by the
+    number of queries, so in bf16 the same query gave different outputs in a 1-token `ar` step
+    and inside an 8-token tree (logits off by up to 0.6 on SmolLM2), and greedy verification
+    left `ar`'s text on 3 of 5 chat prompts within 64 tokens. In fp32 the two differ by float
+    rounding only (fp32 GEMMs on this CPU still switch kernels at 4 rows), which the bf16
+    residual stream mostly absorbs: measured, `pld` then left `ar` on 2 of 5.
+    """
+    b, h, n, d = q.shape
+    kv = k.shape[1]
+    rep = h // kv
+    qf = q.float().reshape(b, kv, rep * n, d)  # heads of one KV group share its keys: [b, kv, rep*n, d]
+    scores = qf @ k.float().transpose(-1, -2) * (1.0 / math.sqrt(d))  # [b, kv, rep*n, span]
+    if mask is not None:
+        scores = scores.view(b, kv, rep, n, -1).masked_fill(~mask[:, :, None], float("-inf")).view(b, kv, rep * n, -1)
+    out = scores.softmax(-1) @ v.float()  # [b, kv, rep*n, d]
+    return out.view(b, h, n, d).to(q.dtype)
 
 
 class MLP(nn.Module):
