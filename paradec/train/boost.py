@@ -25,6 +25,7 @@ import torch
 
 import paradec
 from paradec.config import ModelConfig
+from paradec.models import load_model, save_model
 from paradec.train.corpus import load_or_encode
 from paradec.train.lm import StreamBatches, TrainConfig, evaluate, export, train_lm
 
@@ -97,7 +98,8 @@ def step_ms(model, reps: int = 50) -> float:
 def train_ssm_pool(target_dir: str | Path, out_root: str | Path, run_dir: str | Path, num_ssms: int = 3,
                    n_train: int = 4000, n_heldout: int = 400, ctx_len: int = 96, cont_len: int = 32,
                    pretrain: TrainConfig | None = None, distill: TrainConfig | None = None) -> dict:
-    run_dir, out_root = Path(run_dir), Path(out_root)
+    """The code model's pool: stdlib contexts continued greedily by the target."""
+    run_dir = Path(run_dir)
     (run_dir / "boost").mkdir(parents=True, exist_ok=True)
     target = paradec.load(target_dir, dtype="bf16")
     tok = target.tokenizer.hf
@@ -105,19 +107,38 @@ def train_ssm_pool(target_dir: str | Path, out_root: str | Path, run_dir: str | 
     t0 = time.perf_counter()
     train = continuation_samples(target, train_stream, n_train, ctx_len, cont_len, 1, run_dir / "boost/train.npy")
     held = continuation_samples(target, heldout_stream, n_heldout, ctx_len, cont_len, 2, run_dir / "boost/heldout.npy")
-    gen_s = time.perf_counter() - t0
-    cfg = ssm_config(target.model.config)
-    held_lm = StreamBatches(heldout_stream).fixed(16, 16, 256)
+    report = {"target": str(target_dir), "samples_train": n_train, "samples_heldout": n_heldout,
+              "generation_s": round(time.perf_counter() - t0, 1)}
+    return boost_pool(target, ssm_config(target.model.config), StreamBatches(train_stream),
+                      StreamBatches(heldout_stream).fixed(16, 16, 256), train, held, ctx_len, out_root, run_dir,
+                      num_ssms, pretrain, distill, report=report)
+
+
+def boost_pool(target, cfg: ModelConfig, pretrain_data, held_lm: list, train: np.ndarray, held: np.ndarray,
+               ctx_len: int, out_root: str | Path, run_dir: str | Path, num_ssms: int,
+               pretrain: TrainConfig | None = None, distill: TrainConfig | None = None,
+               init_state: dict | None = None, save_tokenizer: bool = True, report: dict | None = None) -> dict:
+    """Collective boost-tuning: pretrain a base SSM on ``pretrain_data``, then SSM_i fine-tuned
+    from it on the (context, target continuation) samples SSM_1..SSM_{i-1} did not match.
+
+    train, held: [n, ctx_len + cont_len] self-distillation windows. Writes OUT_ROOT/ssm1..N and
+    OUT_ROOT/ssm_pool.json; every stage resumes from RUN_DIR.
+    """
+    from paradec.engine import Engine
+
+    run_dir, out_root = Path(run_dir), Path(out_root)
+    t0 = time.perf_counter()
+    tok = target.tokenizer
     pretrain = pretrain or TrainConfig(seq_len=128, batch_size=32, lr=2e-3, min_lr=2e-4, max_steps=800,
                                        warmup_steps=50, eval_every=200)
-    base = train_lm(cfg, StreamBatches(train_stream), held_lm, run_dir / "ssm_base", pretrain)
+    base = train_lm(cfg, pretrain_data, held_lm, run_dir / "ssm_base", pretrain, init_state=init_state)
     base_state = base.pop("model").state_dict()
-    distill = distill or TrainConfig(seq_len=ctx_len + cont_len - 1, batch_size=32, lr=1e-3, min_lr=1e-4,
+    distill = distill or TrainConfig(seq_len=train.shape[1] - 1, batch_size=32, lr=1e-3, min_lr=1e-4,
                                      max_steps=300, warmup_steps=20, eval_every=100)
     held_distill = [DistillBatches(held, ctx_len).sample(50, 0, np.random.default_rng(i)) for i in range(4)]
     remaining = train
-    report = {"target": str(target_dir), "samples_train": n_train, "samples_heldout": n_heldout,
-              "ctx_len": ctx_len, "cont_len": cont_len, "generation_s": round(gen_s, 1),
+    report = {**(report or {}), "samples_train": int(len(train)), "samples_heldout": int(len(held)),
+              "ctx_len": ctx_len, "cont_len": int(train.shape[1] - ctx_len),
               "base": {k: v for k, v in base.items()}, "ssms": []}
     held_hits = []
     for i in range(1, num_ssms + 1):
@@ -125,13 +146,16 @@ def train_ssm_pool(target_dir: str | Path, out_root: str | Path, run_dir: str | 
                            init_state=base_state)
         model = summary.pop("model")
         out_dir = out_root / f"ssm{i}"
-        export(model, tok, out_dir)
-        ssm = paradec.load(out_dir, dtype="bf16")
+        if save_tokenizer:
+            export(model, tok.hf, out_dir)
+        else:  # the target's tokenizer is the draft's: no copy (a chat tokenizer is MBs)
+            save_model(model, out_dir, torch.bfloat16)
+        ssm = Engine(load_model(out_dir, torch.bfloat16), tok)
         hit_train = matches(ssm, remaining, ctx_len)
         held_hits.append(matches(ssm, held, ctx_len))
         rec = {"name": f"ssm{i}", "trained_on": int(len(remaining)), "matched_own_train": float(hit_train.mean()),
                "heldout_match_4": float(held_hits[-1].mean()),
-               "heldout_ppl_stdlib": round(math.exp(evaluate(model, held_lm)), 3),
+               "heldout_ppl_pretrain_text": round(math.exp(evaluate(model, held_lm)), 3),
                "distill": summary, "params": sum(p.numel() for p in model.parameters())}
         report["ssms"].append(rec)
         remaining = remaining[~hit_train]
@@ -139,7 +163,7 @@ def train_ssm_pool(target_dir: str | Path, out_root: str | Path, run_dir: str | 
             break
     report["coverage_heldout"] = [float(np.any(held_hits[:n], axis=0).mean()) for n in range(1, len(held_hits) + 1)]
     report["target_step_ms"] = step_ms(target.model)
-    report["ssm_step_ms"] = step_ms(paradec.load(out_root / "ssm1", dtype="bf16").model)
+    report["ssm_step_ms"] = step_ms(load_model(out_root / "ssm1", torch.bfloat16))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     (out_root / "ssm_pool.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
