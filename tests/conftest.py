@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from paradec.testing import make_checkpoint, make_tokenizer, stdlib_text
 
 torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_paradec_home(tmp_path_factory):
+    """Converted GGUF models are cached in a directory of this test session (subprocesses
+    inherit it), so the default model is converted once per run and never in ~/.cache."""
+    os.environ["PARADEC_HOME"] = str(tmp_path_factory.mktemp("paradec_home"))
 
 # family, kwargs: MHA untied, GQA tied, Qwen2 (qkv bias) with GQA, Mistral with GQA, llama3 RoPE scaling
 VARIANTS = {

@@ -190,3 +190,48 @@ def test_unpermute_inverts_llamacpp_permute():
         assert np.array_equal(pgguf.unpermute(llamacpp_permute(w, heads), heads), w)
     with pytest.raises(ParadecError):
         pgguf.hf_config({"general.architecture": "falcon"}, 10, False)
+
+
+def test_chat_is_multi_turn_through_the_template(tiny_gguf, tmp_path):
+    """`paradec chat` streams each answer and feeds it back as the assistant's turn; the API takes
+    the same messages; `generate --chat` is the one-turn case."""
+    import os
+
+    path, _ = tiny_gguf
+    env = {**os.environ, "PARADEC_HOME": str(tmp_path / "home")}
+    opts = ["--model", str(path), "--dtype", "fp32", "--max-new-tokens", "8", "--ignore-eos"]
+    out = subprocess.run([sys.executable, "-m", "paradec", "chat", *opts], input="hello\n/reset\nhi\nagain\n/exit\n",
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    engine = paradec.load(path, dtype="fp32")
+    first = engine.generate([{"role": "user", "content": "hello"}], max_new_tokens=8, ignore_eos=True).text
+    second = engine.generate([{"role": "user", "content": "hi"}], max_new_tokens=8, ignore_eos=True).text
+    third = engine.generate([{"role": "user", "content": "hi"}, {"role": "assistant", "content": second},
+                             {"role": "user", "content": "again"}], max_new_tokens=8, ignore_eos=True).text
+    assert out.stdout == f"{first}\n{second}\n{third}\n"
+    one = subprocess.run([sys.executable, "-m", "paradec", "generate", "--chat", *opts, "hello"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert one.returncode == 0 and one.stdout == first + "\n"
+    with pytest.raises(ParadecError, match="messages must be"):
+        engine.generate([{"role": "robot", "content": "x"}])
+
+
+def test_bench_feeds_the_second_turn_after_the_models_own_answer(tiny_gguf, tmp_path):
+    from paradec.bench.harness import BenchConfig, encode_prompts
+    from paradec.bench.prompts import load_prompts
+
+    path, _ = tiny_gguf
+    qfile = tmp_path / "question.jsonl"
+    qfile.write_text('{"question_id": 7, "category": "writing", "turns": ["first question", "second question"]}\n'
+                     '{"question_id": 8, "category": "math", "turns": ["only one"]}\n')
+    engine = paradec.load(path, dtype="fp32")
+    cfg = BenchConfig(model=str(path), methods=("ar",), prompts=str(qfile), out=str(tmp_path / "o"), max_new_tokens=6)
+    encoded = encode_prompts(engine, load_prompts(qfile), cfg)
+    assert [p.id for p, _ in encoded] == ["7", "7/turn2", "8"]
+    u1 = [{"role": "user", "content": "first question"}]
+    answer = engine.generate(u1, max_new_tokens=6).text
+    assert encoded[0][1] == engine.tokenizer.encode_messages(u1)
+    assert encoded[1][1] == engine.tokenizer.encode_messages(
+        u1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "second question"}])
+    plain = encode_prompts(engine, load_prompts(qfile), BenchConfig(**{**cfg.__dict__, "chat": False}))
+    assert [p.id for p, _ in plain] == ["7", "8"] and plain[0][1] == engine.tokenizer.encode("first question")

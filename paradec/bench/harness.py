@@ -23,6 +23,7 @@ from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import machine, markdown_table, write_json
 from paradec.draft.oracle import OracleDrafter
 from paradec.errors import ParadecError
+from paradec.models.gguf import resolve_model
 from paradec.parallel.quality import nll, parses
 
 PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
@@ -61,6 +62,7 @@ class BenchConfig:
     device: str = "cpu"
     seed: int = 0
     stop_at_eos: bool = False
+    chat: bool = True  # question.jsonl turns through the model's chat template (when it has one)
     oracle_depth: int = 8
 
     def __post_init__(self) -> None:
@@ -84,7 +86,8 @@ class Runners:
 
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
-        self.engine = paradec.load(cfg.model, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
+        model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
+        self.engine = paradec.load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
                                    heads=cfg.heads)
         self.twin = paradec.load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.hf = self.hf_draft = None
@@ -96,7 +99,7 @@ class Runners:
             transformers.utils.logging.disable_progress_bar()
 
             dtype = paradec.engine.DTYPES[cfg.dtype]
-            self.hf = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(cfg.device).eval()
+            self.hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(cfg.device).eval()
             if "hf-assisted" in cfg.methods:
                 self.hf_draft = AutoModelForCausalLM.from_pretrained(cfg.drafts[0], dtype=dtype).to(cfg.device).eval()
 
@@ -156,7 +159,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         methods = [m for m in methods if m != "oracle"]  # the oracle knows greedy text only
     tok = runners.engine.tokenizer
     limit = runners.engine.model.config.context_length - cfg.max_new_tokens - 72  # room for a tree
-    fits = [(p, ids) for p in prompts if len(ids := tok.encode(p.text)) <= limit]
+    fits = [(p, ids) for p, ids in encode_prompts(runners.engine, prompts, cfg) if len(ids) <= limit]
     skipped = [p.id for p in prompts if p.id not in {q.id for q, _ in fits}]
     if not fits:
         raise ParadecError(f"no prompt fits the model's context with {cfg.max_new_tokens} new tokens")
@@ -193,6 +196,28 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     return {"config": {k: v for k, v in cfg.__dict__.items()}, "machine": machine(),
             "peak_rss_mb": round(_peak_mb(), 1), "skipped_too_long": skipped, "records": records,
             "summary": summary}
+
+
+def encode_prompts(engine, prompts: list[Prompt], cfg: BenchConfig) -> list[tuple[Prompt, list[int]]]:
+    """Token ids per prompt. Conversations (question.jsonl) go through the chat template when
+    ``cfg.chat`` and the model has one; a later turn follows the model's own earlier answers
+    (greedy ``ar``, up to ``max_new_tokens``, ended by EOS), as Spec-Bench runs MT-bench, and is
+    a prompt of its own (id ``QID/turn2``)."""
+    tok = engine.tokenizer
+    out = []
+    for p in prompts:
+        if not (cfg.chat and p.turns and tok.has_chat_template):
+            out.append((p, tok.encode(p.text)))
+            continue
+        messages: list[dict] = []
+        for t, turn in enumerate(p.turns):
+            messages.append({"role": "user", "content": turn})
+            ids = tok.encode_messages(messages)
+            out.append((p if t == 0 else Prompt(f"{p.id}/turn{t + 1}", p.category, turn, p.turns), ids))
+            if t + 1 < len(p.turns):
+                answer = engine.generate(ids, max_new_tokens=cfg.max_new_tokens).text
+                messages.append({"role": "assistant", "content": answer})
+    return out
 
 
 def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], stats, reference) -> dict:

@@ -15,6 +15,7 @@ class Prompt:
     id: str
     category: str
     text: str
+    turns: tuple[str, ...] = ()  # a conversation's user turns (question.jsonl); () for plain text / code
 
 
 def load_prompts(path: str | Path, limit: int | None = None, per_category: int | None = None) -> list[Prompt]:
@@ -49,8 +50,14 @@ def load_prompts(path: str | Path, limit: int | None = None, per_category: int |
         if rec is None:
             out.append(Prompt(str(i), "text", line))
         elif "turns" in rec:
-            out.append(Prompt(str(rec.get("question_id", i)), str(rec.get("category", "all")), rec["turns"][0]))
+            turns = rec["turns"]
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+                raise ParadecError(f"{path}:{i + 1} has no usable 'turns' (a non-empty list of non-empty strings)")
+            out.append(Prompt(str(rec.get("question_id", i)), str(rec.get("category", "all")), turns[0],
+                              tuple(turns)))
         elif "prompt" in rec:
+            if not isinstance(rec["prompt"], str):
+                raise ParadecError(f"{path}:{i + 1} has a 'prompt' that is not a string")
             out.append(Prompt(str(rec.get("task_id", i)), str(rec.get("category", "code")), rec["prompt"]))
         else:
             raise ParadecError(f"{path}:{i + 1} has neither 'turns' nor 'prompt'; "
