@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
+    b.add_argument("--expansion", type=_int_list, default=None,
+                   help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)")
     b.add_argument("--no-chat", action="store_true",
                    help="question.jsonl turns as plain text (default: through the model's chat template)")
     b.add_argument("--out", required=True, help="directory for results.json, results.md, *.png")
@@ -375,7 +377,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
                       limit=args.limit, per_category=args.per_category,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
-                      seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat)
+                      seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat,
+                      expansion=tuple(args.expansion) if args.expansion else None)
     result = run_bench(cfg)
     print(write_outputs(result, args.out))
 

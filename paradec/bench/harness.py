@@ -63,6 +63,7 @@ class BenchConfig:
     seed: int = 0
     stop_at_eos: bool = False
     chat: bool = True  # question.jsonl turns through the model's chat template (when it has one)
+    expansion: tuple[int, ...] | None = None  # specinfer's tree (None: SpecConfig's default)
     oracle_depth: int = 8
 
     def __post_init__(self) -> None:
@@ -115,7 +116,10 @@ class Runners:
                 vocab = self.engine.model.config.vocab_size
                 drafter = OracleDrafter([p + r for p, r in zip(batch, reference)], (1,) * self.cfg.oracle_depth,
                                         1.0, vocab)
-            out = self.engine.generate(batch, drafter=drafter, **PARADEC.get(method, {}), **self.options())
+            opts = dict(PARADEC.get(method, {}))
+            if self.cfg.expansion is not None and method.startswith("specinfer"):
+                opts["expansion"] = self.cfg.expansion
+            out = self.engine.generate(batch, drafter=drafter, **opts, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
         if method in ASPD_OPTIONS:  # counted in tokens of the plain text users get (markup is overhead)
             out = self.engine.generate(batch, method="aspd", **ASPD_OPTIONS[method], **self.options())

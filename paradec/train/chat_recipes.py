@@ -87,7 +87,7 @@ def train_chat_ssms(target_dir: str | Path, out_root: str | Path, run_dir: str |
                            warmup_steps=30, eval_every=100, eval_batches=8)
     distill = TrainConfig(seq_len=ctx_len + cont_len - 1, batch_size=32, lr=1e-3, min_lr=1e-4,
                           max_steps=distill_steps, warmup_steps=20, eval_every=100)
-    report = {"target": str(target_dir), "questions": str(questions_path),
+    report = {"target": Path(target_dir).name, "questions": Path(questions_path).name,
               "answers_train": len(train_recs), "answers_heldout": len(held_recs),
               "pretrain_tokens": int(len(stream)), "answer_files": [Path(a).name for a in answer_files]}
     return boost_pool(target, cfg, StreamBatches(stream), StreamBatches(held_stream).fixed(8, 16, 128), train, held,
