@@ -214,7 +214,7 @@ def _model_and_drafters(args: argparse.Namespace, methods: tuple[str, ...]) -> t
     pool, zoo_heads = companions(model)
     if not drafts and any(m.startswith("specinfer") or m == "hf-assisted" for m in methods):
         drafts = pool if len(methods) > 1 else pool[:1]  # one SSM: the fastest pool here
-    if heads is None and any(m in ("medusa", "propd") or m.startswith(("medusa", "propd")) for m in methods):
+    if heads is None and any(m.startswith(("medusa", "propd")) for m in methods):
         heads = zoo_heads
     return model, drafts, heads
 
@@ -241,39 +241,15 @@ def cmd_generate(args: argparse.Namespace) -> None:
     sys.stdout.write("\n")
 
 
-def cmd_chat(args: argparse.Namespace, stdin=None) -> None:
-    """Interactive multi-turn chat through the model's chat template; answers stream."""
+def cmd_chat(args: argparse.Namespace) -> None:
     import paradec
+    from paradec.chat import chat_loop
 
-    stdin = stdin or sys.stdin
     model, drafts, heads = _model_and_drafters(args, (args.method,))
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads)
-    if not engine.tokenizer.has_chat_template:
-        raise ParadecError(f"{model} has no chat template; use `paradec generate` for plain text")
-    options = _generation_options(args)
-    messages = [{"role": "system", "content": args.system}] if args.system else []
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
           file=sys.stderr)
-    while True:
-        sys.stderr.write("> ")
-        sys.stderr.flush()
-        line = stdin.readline()
-        if not line or line.strip() in ("/exit", "/quit"):
-            break
-        if line.strip() == "/reset":
-            messages = messages[:1] if args.system else []
-            continue
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line.rstrip("\n")})
-        pieces = []
-        for piece in engine.stream(messages, **options):
-            pieces.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        messages.append({"role": "assistant", "content": "".join(pieces)})
+    chat_loop(engine, _generation_options(args), args.system)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -405,7 +381,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(args.max_new_tokens, args.dtype, args.model, args.aspd)
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "aspd": cmd_aspd}
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo,
+            "bench": cmd_bench, "aspd": cmd_aspd}
 
 
 def main(argv: list[str] | None = None) -> int:

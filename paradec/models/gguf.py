@@ -177,16 +177,19 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def tensor_names(num_layers: int) -> dict[str, str]:
+    """GGUF tensor name -> HF name, for every layer."""
+    return {ours.format(i=i): theirs.format(i=i) for ours, theirs in TENSOR_NAMES.items()
+            for i in (range(num_layers) if "{i}" in ours else [None])}
+
+
 def hf_tensors(reader, cfg: dict) -> dict[str, torch.Tensor]:
     """Every tensor dequantized to fp32 under its HF name; q/k rows un-permuted."""
     import gguf
 
     arch = next(k for k, v in ARCHITECTURES.items() if v == cfg["architectures"][0])
     gguf_arch = _field(reader, "general.architecture")
-    names = {}
-    for ours, theirs in TENSOR_NAMES.items():
-        for i in range(cfg["num_hidden_layers"]) if "{i}" in ours else [None]:
-            names[ours.format(i=i)] = theirs.format(i=i)
+    names = tensor_names(cfg["num_hidden_layers"])
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         if t.name not in names:

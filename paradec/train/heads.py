@@ -50,7 +50,6 @@ def features(model, seqs: list[list[int]], spans: list[tuple[int, int]], layer: 
     hns, hms, labs = [], [], []
     i = 0
     while i < len(order):
-        width = len(seqs[order[i]])
         chunk = [order[i]]
         while i + len(chunk) < len(order) and len(seqs[order[i + len(chunk)]]) * (len(chunk) + 1) <= max_tokens:
             chunk.append(order[i + len(chunk)])
