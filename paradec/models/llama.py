@@ -17,10 +17,24 @@ from torch import nn
 from paradec.config import ModelConfig
 from paradec.kv import KVCache
 
-# Passes of at most this many tokens per row (decode steps, verified trees) attend in fp32
-# (``cached_attention``); longer ones (prefill) through the fused kernel. A prefill is the same
-# for every method, so only the short passes need to agree with each other.
+# Passes of at most this many tokens per row (decode steps, verified trees) take the exact
+# attention path (``cached_attention``); longer ones (prefill) the fused kernel. A prefill is the
+# same for every method, so only the short passes need to agree with each other.
 EXACT_ROWS = 64
+# bf16 GEMMs on this CPU (oneDNN) give row i the same bits whatever the row count, except a
+# 1-row product with an inner dimension over this, which takes another kernel (measured).
+GEMV_INNER_LIMIT = 1024
+
+
+def linear(layer: nn.Linear, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
+    """``layer(x)`` with each row's result independent of how many rows there are.
+
+    x [..., in] -> [..., out]. A single row with a long inner dimension is computed as two
+    (itself twice), so an `ar` step and a verified tree give a token the same bits.
+    """
+    if exact and x.numel() == x.shape[-1] and layer.in_features > GEMV_INNER_LIMIT:
+        return layer(torch.cat([x, x], 0))[:1]
+    return layer(x)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -66,13 +80,14 @@ class Attention(nn.Module):
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.wqkv = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.exact = True  # shape-invariant numerics for cached passes (``Transformer.set_exact``)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None, cache: KVCache | None, slots: torch.Tensor | None = None) -> torch.Tensor:
         # x: [batch, n, hidden]; cos/sin: [batch, 1, n, head_dim]; mask: [batch, 1, n, span] bool;
         # slots: [batch, n] scratch slot of each token (None: the next n)
         b, n, _ = x.shape
-        q, k, v = self.wqkv(x).split(
+        q, k, v = linear(self.wqkv, x, self.exact).split(
             [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], -1)
         q = q.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # [batch, heads, n, head_dim]
         k = k.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)  # [batch, kv_heads, n, head_dim]
@@ -81,8 +96,8 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.write(self.layer, k, v, slots)  # [batch, kv_heads, span, head_dim]
-        if cache is not None and n <= EXACT_ROWS:  # a decode step or a tree: fp32
-            out = cached_attention(q, k, v, mask)
+        if cache is not None and n <= EXACT_ROWS:  # a decode step or a tree
+            out = cached_attention(q, k, v, mask) if self.exact else fast_cached_attention(q, k, v, mask)
         else:  # training, scoring, prefill: one fused kernel (causal when there is no mask)
             gqa = self.n_kv != self.n_heads
             if gqa and x.device.type == "cpu" and mask is not None:
@@ -92,31 +107,54 @@ class Attention(nn.Module):
                 gqa = False
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and cache is None,
                                                  enable_gqa=gqa)
-        return self.wo(out.transpose(1, 2).reshape(b, n, -1))
+        return linear(self.wo, out.transpose(1, 2).reshape(b, n, -1), self.exact)
 
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Attention of a decode / verification pass, computed in fp32.
+    """Attention of a decode / verification pass whose output for a query does not depend on the
+    pass's shape, so greedy verification in bf16 picks exactly `ar`'s tokens.
 
     q [batch, heads, n, head_dim]; k, v [batch, kv_heads, span, head_dim]; mask [batch, 1, n,
     span] bool (None: every slot visible) -> [batch, heads, n, head_dim] in q's dtype.
 
-    The fused SDPA kernel picks its blocking and its bf16 rounding of the probabilities by the
-    number of queries, so in bf16 the same query gave different outputs in a 1-token `ar` step
-    and inside an 8-token tree (logits off by up to 0.6 on SmolLM2), and greedy verification
-    left `ar`'s text on 3 of 5 chat prompts within 64 tokens. In fp32 the two differ by float
-    rounding only (fp32 GEMMs on this CPU still switch kernels at 4 rows), which the bf16
-    residual stream mostly absorbs: measured, `pld` then left `ar` on 2 of 5.
+    A query sees the same keys in an `ar` step (prefix + path, contiguous, alone) as in a tree
+    (prefix + ancestors at scattered slots, among other queries), but the fused kernel and
+    fp32 GEMMs round differently by query count and key layout, and one flipped bf16 bit in
+    the residual stream moves a near-tied argmax. Measured on SmolLM2 (12 chat prompts, 96
+    tokens): fp32 attention left `ar` on 10 of 12 prompts. Here:
+    - scores in fp32 on at least 4 query rows (fewer rows take another GEMM kernel): each
+      score is a 64-term dot product whose order the kernel fixes per element;
+    - softmax and probabilities @ values in fp64: sums over the keys then round to the same
+      value whatever their order or the masked zeros between them (a different rounding of
+      the fp64 sum changes the bf16 result with probability ~1e-13 per element).
     """
     b, h, n, d = q.shape
     kv = k.shape[1]
     rep = h // kv
-    qf = q.float().reshape(b, kv, rep * n, d)  # heads of one KV group share its keys: [b, kv, rep*n, d]
+    rows = rep * n  # heads of one KV group share its keys: [b, kv, rows, d]
+    qf = q.float().reshape(b, kv, rows, d)
+    if rows < 4:
+        qf = torch.cat([qf, qf[:, :, :1].expand(b, kv, 4 - rows, d)], 2)
+    scores = (qf @ k.float().transpose(-1, -2))[:, :, :rows].double() * (1.0 / math.sqrt(d))  # [b, kv, rows, span]
+    if mask is not None:
+        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None]).view(b, kv, rows, -1)
+    out = scores.softmax(-1) @ v.double()  # [b, kv, rows, d]
+    return out.view(b, h, n, d).to(q.dtype)
+
+
+def fast_cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor | None) -> torch.Tensor:
+    """``cached_attention`` in plain fp32 (``exact=False``): cheaper at long spans, but its
+    rounding depends on the pass's shape, so bf16 verification may leave `ar` at a near tie."""
+    b, h, n, d = q.shape
+    kv = k.shape[1]
+    rep = h // kv
+    qf = q.float().reshape(b, kv, rep * n, d)
     scores = qf @ k.float().transpose(-1, -2) * (1.0 / math.sqrt(d))  # [b, kv, rep*n, span]
     if mask is not None:
         scores = scores.view(b, kv, rep, n, -1).masked_fill(~mask[:, :, None], float("-inf")).view(b, kv, rep * n, -1)
-    out = scores.softmax(-1) @ v.float()  # [b, kv, rep*n, d]
-    return out.view(b, h, n, d).to(q.dtype)
+    return (scores.softmax(-1) @ v.float()).view(b, h, n, d).to(q.dtype)
 
 
 class MLP(nn.Module):
@@ -125,10 +163,11 @@ class MLP(nn.Module):
         self.inter = cfg.intermediate_size
         self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.exact = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_gate_up(x).split(self.inter, -1)
-        return self.w_down(F.silu(gate) * up)
+        gate, up = linear(self.w_gate_up, x, self.exact).split(self.inter, -1)
+        return linear(self.w_down, F.silu(gate) * up, self.exact)
 
 
 class Block(nn.Module):
@@ -162,6 +201,16 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.exact = True
+
+    def set_exact(self, exact: bool) -> None:
+        """Shape-invariant numerics for decode/verification passes (default): a token's K/V,
+        hidden state and logits get the same bits in a 1-token `ar` step as inside a verified
+        tree, so greedy speculation in bf16 reproduces `ar` exactly. ``False``: the plain fp32
+        attention path, faster at long contexts, exact in fp32 only."""
+        self.exact = exact
+        for block in self.layers:
+            block.attn.exact = block.mlp.exact = exact
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [batch, n] -> cos, sin [batch, 1, n, head_dim]."""
@@ -184,7 +233,7 @@ class Transformer(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: [..., hidden] -> [..., vocab]."""
-        return self.lm_head(self.norm(h))
+        return linear(self.lm_head, self.norm(h), self.exact)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:

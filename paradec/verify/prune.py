@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from paradec.draft.base import Draw, Proposal
+from paradec.tree.proposal import Draw, Proposal
 from paradec.models import Transformer
 from paradec.models.heads import EarlyHead
+from paradec.models.llama import linear
 from paradec.tree import ScratchTree, TokenTree, pass_tensors
 
 
@@ -80,4 +81,4 @@ def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, pro
     span = max(cache.lengths) + max(max(row) for row in slots) + 1  # what the cache returns for these slots
     h_up = model.hidden(h_sub, pos_sub, mask_sub[..., :span], cache, layer, None, slots=idx)
     hn = model.norm(h_up)
-    return pruned, model.lm_head(hn), hn, slot_maps, early_top
+    return pruned, linear(model.lm_head, hn, model.exact), hn, slot_maps, early_top
