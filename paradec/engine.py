@@ -10,15 +10,17 @@ proposes trees and the acceptance rule (``paradec.verify``).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
-from paradec.draft import HeadDrafter, ModelDrafter, NgramDrafter, Proposal, TreeDrafter
+from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, Proposal, RootDrafter, TreeDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
+from paradec.models.llama import linear
 from paradec.models.gguf import resolve_model
 from paradec.models.heads import Heads, load_heads
 from paradec.policy import TreePolicy
@@ -34,6 +36,20 @@ METHODS = ("ar", "specinfer", "pld", "medusa", "propd", "aspd")
 DEFAULT_TREE_NODES = 16
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What one target pass over the proposed trees gives the acceptance step."""
+
+    proposals: list[Proposal]  # as verified (pruning may have dropped nodes)
+    logits: torch.Tensor  # [batch, width, vocab]
+    hidden: torch.Tensor  # [batch, width, hidden] final-normed
+    slot_maps: list[list[int]] | None = None  # per row, each verified node's scratch slot (None: node i = slot i)
+    early_top: list[dict[int, list[int]]] | None = None  # pruned passes: per row {scratch slot: early top-k}
+
+    def slot(self, row: int, node: int) -> int:
+        return node if self.slot_maps is None else self.slot_maps[row][node]
 
 
 class Engine:
@@ -69,6 +85,7 @@ class Engine:
                 raise ParadecError(f"draft directory {str(path)!r} does not exist; pass --draft PATH to a "
                                    "Hugging Face-format draft model that shares the target's tokenizer")
             draft = load_model(path, dtype, self.device)
+            draft.set_exact(False)  # a draft's rounding never reaches the output
             if draft.config.vocab_size != self.model.config.vocab_size:
                 raise ParadecError(f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "
                                    f"{self.model.config.vocab_size}; a draft must share the target's tokenizer")
@@ -85,8 +102,8 @@ class Engine:
         messages, put through the model's chat template) or a batch (a list of them).
 
         Returns one ``Generation`` per prompt, in order (a bare one for a single prompt).
-        ``drafter`` plugs in any object with ``max_nodes``, ``begin``, ``propose`` and
-        ``commit`` (see ``paradec.draft.TreeDrafter``) instead of the method's own.
+        ``drafter`` plugs in any ``paradec.draft.Drafter`` (subclass ``DrafterHooks`` for the
+        no-op policy hooks) instead of the method's own.
         Example: ``engine.generate("def add(a, b):", max_new_tokens=32).text``.
         """
         single, batch = _as_batch(prompts)
@@ -106,6 +123,15 @@ class Engine:
         """Yield the text of one prompt piece by piece as it is committed (same options as
         ``generate``). The pieces concatenate to ``generate(prompt, ...).text``."""
         gen = self.config(**options)
+        if gen.method == "aspd":
+            # Branches decode interleaved and the plain text exists in plan order only once the
+            # hybrid decoder is done, so aspd's stream is that text in one piece (buffered).
+            from paradec.parallel.decode import generate_aspd
+
+            text = generate_aspd(self, [self._encode(prompt, chat)], gen)[0].text
+            if text:
+                yield text
+            return
         rows = self._rows([self._encode(prompt, chat)], gen)
         hold = max((len(s) for s in gen.stop), default=1) - 1  # a stop string may be mid-way
         sent = 0
@@ -125,6 +151,8 @@ class Engine:
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
                ignore_eos: bool = False, **spec) -> GenerationConfig:
         """The frozen ``GenerationConfig`` for these options (validated)."""
+        if isinstance(stop, str):  # one stop string, not its characters
+            stop = [stop]
         if method not in METHODS:
             raise ParadecError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         if method == "specinfer" and not self.drafts:
@@ -147,7 +175,7 @@ class Engine:
         return GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
 
     # ---- the loop ---------------------------------------------------------------------------
-    def _drafter(self, gen: GenerationConfig) -> TreeDrafter | None:
+    def _drafter(self, gen: GenerationConfig) -> Drafter:
         spec = gen.spec
         ngram = NgramDrafter(spec.max_ngram, spec.num_draft, spec.ngram_branches)
         if gen.method == "pld":
@@ -172,46 +200,41 @@ class Engine:
                 self._policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall)
             return HeadDrafter(heads, self.model.lm_head, self._policies[key], max_rank=len(prior[0]),
                                step_scores=step_scores)
-        return None
+        return RootDrafter()
 
-    def _decode(self, rows: list[Row], gen: GenerationConfig, drafter=None) -> Iterator[StepEvent]:
+    def _decode(self, rows: list[Row], gen: GenerationConfig, drafter: Drafter | None = None) -> Iterator[StepEvent]:
         start = time.perf_counter()
         drafter = drafter or self._drafter(gen)
-        max_len = max(len(r.tokens) for r in rows) + gen.max_new_tokens + 1
-        cache = self.model.new_cache(len(rows), max_len + (drafter.max_nodes if drafter else 0))
+        max_len = max(len(r.tokens) + r.budget for r in rows) + 1  # budgets are capped at the context
+        cache = self.model.new_cache(len(rows), max_len + drafter.max_nodes)
         with torch.inference_mode():
             self._prefill(rows, cache)
-            if drafter:
-                drafter.begin([r.tokens for r in rows], max_len)
+            drafter.begin([r.tokens for r in rows], max_len)
             prefill_s = time.perf_counter() - start
             for row in rows:
                 row.stats.prefill_s = prefill_s
             while not all(row.done for row in rows):
                 t_step = time.perf_counter()
-                if drafter:
-                    proposals = drafter.propose([r.tokens for r in rows], [r.generator for r in rows])
-                else:
-                    proposals = [Proposal.root_only(row.tokens[-1]) for row in rows]
+                # propose -> verify (one target pass) -> accept -> commit -> observe
+                proposals = drafter.propose([r.tokens for r in rows], [r.generator for r in rows])
                 drafted = [len(p.tree) for p in proposals]
                 t_fwd = time.perf_counter()
-                prune = getattr(drafter, "prune_next", True)
-                proposals, logits, hidden, slot_maps, early_top = self._verify(proposals, cache, gen, prune)
-                if logits.device.type == "cuda":
+                ver = self._verify(proposals, cache, gen, drafter.prune_next)
+                if ver.logits.device.type == "cuda":
                     torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
                 t_fwd = time.perf_counter() - t_fwd
-                verdicts = self._accept(proposals, logits, rows, gen)
-                for b, (row, prop, verdict) in enumerate(zip(rows, proposals, verdicts)):
+                verdicts = self._accept(ver.proposals, ver.logits, rows, gen)
+                for b, (row, prop, verdict) in enumerate(zip(rows, ver.proposals, verdicts)):
                     if row.done:
                         continue
                     accepted = [prop.tree.tokens[n] for n in verdict.nodes[1:]]
                     committed = self._append(row, accepted + [verdict.bonus], gen)
                     nodes = verdict.nodes[: len(committed)]  # EOS / budget may cut the path
-                    cache.commit(b, [slot_maps[b][n] for n in nodes] if slot_maps else nodes)
-                    if drafter:
-                        drafter.commit(b, accepted, verdict.bonus, hidden[b, verdict.nodes[-1]])
-                    if early_top is not None and hasattr(drafter, "observe_recall"):
+                    cache.commit(b, [ver.slot(b, n) for n in nodes])
+                    drafter.commit(b, accepted, verdict.bonus, ver.hidden[b, verdict.nodes[-1]])
+                    if ver.early_top is not None:
                         # was the target's next token in the early head's top-k at the last node?
-                        top = early_top[b].get(slot_maps[b][verdict.nodes[-1]])
+                        top = ver.early_top[b].get(ver.slot(b, verdict.nodes[-1]))
                         if top is not None:
                             drafter.observe_recall(verdict.bonus in top)
                     row.stats.steps += 1
@@ -222,9 +245,8 @@ class Engine:
                     if row.done:
                         row.stats.wall_s = time.perf_counter() - start
                     yield StepEvent(b, committed)
-                if drafter is not None and hasattr(drafter, "step_done"):
-                    drafter.step_done(len(rows), max(drafted), max(len(p.tree) for p in proposals),
-                                      time.perf_counter() - t_step, early_top is not None)
+                drafter.step_done(len(rows), max(drafted), max(len(p.tree) for p in ver.proposals),
+                                  time.perf_counter() - t_step, ver.early_top is not None)
 
     def _prefill(self, rows: list[Row], cache) -> None:
         """Put every token but the root of each row into the cache (right-padded batch)."""
@@ -242,20 +264,16 @@ class Engine:
         for b, n in enumerate(lengths):
             cache.advance(b, n)
 
-    def _verify(self, proposals: list[Proposal], cache, gen: GenerationConfig, prune: bool = True):
+    def _verify(self, proposals: list[Proposal], cache, gen: GenerationConfig, prune: bool = True) -> Verification:
         """One target pass over every row's tree (pruned inside the pass for ProPD, when the
-        method prunes and its policy says pruning pays this step).
-
-        Returns the proposals as verified, logits [batch, width, vocab], final-normed hidden
-        states [batch, width, hidden], per row the scratch slot of each verified node (None
-        when no node was dropped: node i is slot i), and the early top-k (None unpruned).
-        """
+        method prunes and its policy says pruning pays this step)."""
         heads = self.heads
         if (prune and gen.spec.prune and heads is not None and heads.early is not None
                 and max(len(p.tree) for p in proposals) > 1):
-            return pruned_pass(self.model, heads.early, heads.early_layer, gen.spec.prune_topk, proposals, cache)
+            return Verification(*pruned_pass(self.model, heads.early, heads.early_layer, gen.spec.prune_topk,
+                                             proposals, cache))
         logits, hidden = self._verify_forward([p.tree for p in proposals], cache)
-        return proposals, logits, hidden, None, None
+        return Verification(proposals, logits, hidden)
 
     def _verify_forward(self, trees, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """One target pass: logits [batch, width, vocab], normed hidden [batch, width, hidden]."""
@@ -265,7 +283,7 @@ class Engine:
         dev = self.device
         h = self.model.hidden(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), cache)
         hn = self.model.norm(h)
-        return self.model.lm_head(hn), hn
+        return linear(self.model.lm_head, hn, self.model.exact), hn
 
     def _accept(self, proposals: list[Proposal], logits: torch.Tensor, rows: list[Row],
                 gen: GenerationConfig) -> list[Verdict]:
@@ -308,6 +326,11 @@ class Engine:
         elif isinstance(prompt, list):
             ids = list(prompt)
         elif isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ParadecError("the prompt is not valid UTF-8 text; pass UTF-8 (e.g. fix the terminal's "
+                                   "encoding or the file the prompt came from)") from None
             ids = self.tokenizer.encode(prompt, chat)
         else:
             raise ParadecError(f"a prompt must be a string, token ids or a list of messages, not "
@@ -357,9 +380,11 @@ def _as_batch(prompts) -> tuple[bool, list]:
 
 
 def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str = "cpu",
-         drafts: list[str | Path] = (), heads: str | Path | None = None) -> Engine:
+         drafts: list[str | Path] = (), heads: str | Path | None = None, exact: bool = True) -> Engine:
     """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
-    ``specinfer``) into an ``Engine``.
+    ``specinfer``) into an ``Engine``. ``exact`` (default): decode and verification passes use
+    shape-invariant numerics, so every lossless method's greedy tokens equal `ar`'s in bf16 too
+    (``Transformer.set_exact``); ``False`` trades that for speed at long contexts.
 
     Example: ``paradec.load("zoo/target").generate("import os", max_new_tokens=16)``.
     """
@@ -371,8 +396,11 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
         raise ParadecError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ParadecError(f"unknown device {device!r}; use cpu or cuda")
+    if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
+        drafts = [drafts]
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
     model = load_model(model_dir, dtype, device)
+    model.set_exact(exact)
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
     engine.load_drafts(list(drafts))
     if heads is not None:

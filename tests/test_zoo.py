@@ -87,7 +87,7 @@ def test_bundled_aspd_plans_and_decodes_a_group(tmp_path):
     same logits."""
     import transformers
 
-    from paradec.models.adapter import merge_to_hf
+    from paradec.models.checkpoint import merge_to_hf
 
     engine = paradec.load(bundled("aspd", "adapter.json"), dtype="fp32")
     prompt = ('"""Python Character Mapping Codec."""\n\nimport codecs\n\n### Codec APIs\n\n'

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import paradec
+from paradec.engine import DTYPES, load
 from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import machine, markdown_table, write_json
 from paradec.draft.oracle import OracleDrafter
@@ -65,6 +65,7 @@ class BenchConfig:
     chat: bool = True  # question.jsonl turns through the model's chat template (when it has one)
     expansion: tuple[int, ...] | None = None  # specinfer's tree (None: SpecConfig's default)
     oracle_depth: int = 8
+    exact: bool = True  # shape-invariant decode numerics (paradec.load's exact)
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -88,9 +89,9 @@ class Runners:
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
         model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
-        self.engine = paradec.load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
-                                   heads=cfg.heads)
-        self.twin = paradec.load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
+        self.engine = load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
+                           heads=cfg.heads, exact=cfg.exact)
+        self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.hf = self.hf_draft = None
         if any(m in HF for m in cfg.methods):
             import transformers
@@ -99,7 +100,7 @@ class Runners:
             transformers.logging.set_verbosity_error()
             transformers.utils.logging.disable_progress_bar()
 
-            dtype = paradec.engine.DTYPES[cfg.dtype]
+            dtype = DTYPES[cfg.dtype]
             self.hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(cfg.device).eval()
             if "hf-assisted" in cfg.methods:
                 self.hf_draft = AutoModelForCausalLM.from_pretrained(cfg.drafts[0], dtype=dtype).to(cfg.device).eval()

@@ -2,17 +2,59 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-from paradec.draft.base import DraftTree, Draw, Proposal, merge
+from paradec.draft.base import DrafterHooks, DraftTree, Draw, Proposal, merge
 from paradec.draft.heads import HeadDrafter
 from paradec.draft.model import ModelDrafter
 from paradec.draft.ngram import NgramDrafter
 
-__all__ = ["DraftTree", "Draw", "HeadDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "TreeDrafter", "merge"]
+__all__ = ["DraftTree", "Draw", "Drafter", "DrafterHooks", "HeadDrafter", "ModelDrafter", "NgramDrafter", "Proposal",
+           "TreeDrafter", "merge"]
 
 
-class TreeDrafter:
+class Drafter(Protocol):
+    """What the engine's loop asks of a drafter, every call typed; no optional attributes.
+
+    Per step: ``propose`` -> (the target verifies) -> ``commit`` per row -> ``observe_recall``
+    per row when the pass was pruned -> ``step_done``.
+    """
+
+    @property
+    def max_nodes(self) -> int: ...  # the most tree nodes one row's proposal may have (KV scratch)
+
+    @property
+    def prune_next(self) -> bool: ...  # whether the next verification pass may be pruned (ProPD)
+
+    def begin(self, prompts: list[list[int]], max_len: int) -> None: ...
+
+    def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]: ...
+
+    def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None: ...
+
+    def observe_recall(self, hit: bool) -> None: ...  # was the target's next token in the early top-k
+
+    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None: ...
+
+
+class RootDrafter(DrafterHooks):
+    """`ar`: every step verifies the root alone."""
+
+    max_nodes = 0
+
+    def begin(self, prompts: list[list[int]], max_len: int) -> None:
+        pass
+
+    def propose(self, sequences: list[list[int]], generators) -> list[Proposal]:
+        return [Proposal.root_only(seq[-1]) for seq in sequences]
+
+    def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None:
+        pass
+
+
+class TreeDrafter(DrafterHooks):
     """Runs every drafter for every row and merges their trees (trie union) per row."""
 
     def __init__(self, models: list[ModelDrafter], ngram: NgramDrafter | None) -> None:

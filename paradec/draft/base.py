@@ -1,63 +1,17 @@
-"""What drafters hand the verifier: a token tree plus, per node, the candidates drawn under it.
+"""What drafters hand the verifier lives below both: ``paradec.tree.proposal``."""
 
-Each drafter proposes a ``DraftTree`` rooted at the current root; ``merge`` takes their trie
-union into one ``Proposal``. The tree deduplicates equal (parent, token) pairs — one K/V row
-per distinct sequence — while ``draws`` keeps every draw with its multiplicity and the
-distribution q it came from, which multi-step speculative sampling needs.
-"""
+from paradec.tree.proposal import DraftTree, Draw, Proposal, merge
 
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-
-from paradec.tree import TokenTree
+__all__ = ["DrafterHooks", "DraftTree", "Draw", "Proposal", "merge"]
 
 
-@dataclass
-class DraftTree:
-    tokens: list[int]  # [nodes] node 0 = the root
-    parents: list[int]  # [nodes] parents[0] = -1
-    q: list[torch.Tensor | None]  # [nodes] q [vocab] the node was drawn from at its parent; None = point mass
+class DrafterHooks:
+    """No-op policy hooks for drafters that keep no cost model (everything but ProPD's)."""
 
+    prune_next = True
 
-@dataclass(frozen=True)
-class Draw:
-    child: int  # proposal-tree index of the drawn token
-    q: torch.Tensor | None  # [vocab] the distribution it was drawn from; None = deterministic
+    def observe_recall(self, hit: bool) -> None:
+        pass
 
-
-@dataclass
-class Proposal:
-    tree: TokenTree
-    draws: list[list[Draw]]  # [nodes] candidates under each node, in the order proposed
-
-    @staticmethod
-    def root_only(root: int) -> "Proposal":
-        return Proposal(TokenTree.root_only(root), [[]])
-
-
-def merge(root: int, drafts: list[DraftTree]) -> Proposal:
-    """Trie union of ``drafts`` (all rooted at ``root``) in one tree, parents before children.
-
-    Example: drafts a->b and a->c, a->b->d merge to root->a->{b->d, c}; ``draws`` under
-    a list b twice (once per draft), c once.
-    """
-    tokens, parents = [root], [-1]
-    draws: list[list[Draw]] = [[]]
-    index: dict[tuple[int, int], int] = {}
-    for draft in drafts:
-        where = [0] * len(draft.tokens)  # draft node -> proposal node
-        for i in range(1, len(draft.tokens)):
-            parent = where[draft.parents[i]]
-            key = (parent, draft.tokens[i])
-            node = index.get(key)
-            if node is None:
-                node = index[key] = len(tokens)
-                tokens.append(draft.tokens[i])
-                parents.append(parent)
-                draws.append([])
-            draws[parent].append(Draw(node, draft.q[i]))
-            where[i] = node
-    return Proposal(TokenTree(tuple(tokens), tuple(parents)), draws)
+    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
+        pass

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from paradec.draft.base import DraftTree, Proposal, merge
+from paradec.config import MAX_TREE_NODES
+from paradec.tree.proposal import DraftTree, Proposal, merge
 from paradec.models.heads import Heads
 from paradec.policy import Calibration, TreePolicy
 
@@ -37,7 +38,7 @@ class HeadDrafter:
 
     @property
     def max_nodes(self) -> int:
-        return 64
+        return MAX_TREE_NODES + 1  # the root + the largest tree the policy may pick
 
     def begin(self, prompts: list[list[int]], max_len: int) -> None:
         self.hidden = [None] * len(prompts)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 
 from paradec.config import SamplingConfig
-from paradec.draft.base import DraftTree
+from paradec.tree.proposal import DraftTree
 from paradec.models import Transformer
 from paradec.sampling import probs
 from paradec.tree import ScratchTree, pass_tensors
-from paradec.tree.builders import expansion_nodes
+from paradec.config import expansion_nodes
 
 
 class ModelDrafter:

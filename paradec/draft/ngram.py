@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paradec.draft.base import DraftTree
+from paradec.tree.proposal import DraftTree
 
 
 class NgramDrafter:

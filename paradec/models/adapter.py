@@ -7,7 +7,7 @@ tokenizer files. ``paradec.load(adapter_dir)`` builds the base model and merges:
     W <- W + scale * B @ A        for every adapted linear (A [rank, in], B [out, rank])
     E[ids] <- E[ids] + rows       embedding rows (tied models: the LM head rows move too)
 
-so decoding runs at the base model's speed. ``merge_to_hf`` writes the merged model as a plain
+so decoding runs at the base model's speed. ``checkpoint.merge_to_hf`` writes the merged model as a plain
 HF checkpoint (transformers loads it) for users who want one file set.
 """
 
@@ -153,14 +153,3 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, dst / name)
-
-
-def merge_to_hf(adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write base + adapter, merged, as a plain HF checkpoint (config, bf16 safetensors, tokenizer)."""
-    from paradec.models.checkpoint import load_model, save_model
-
-    adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
-    model = load_model(adapter_dir, torch.float32)
-    save_model(model, out_dir, torch.bfloat16)
-    copy_tokenizer(adapter_dir, out_dir)
-    return out_dir

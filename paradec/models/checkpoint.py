@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from paradec.config import ModelConfig
 from paradec.errors import ParadecError
-from paradec.models.adapter import is_adapter, merge_into, read_adapter
+from paradec.models.adapter import copy_tokenizer, is_adapter, merge_into, read_adapter
 from paradec.models.gguf import resolve_model
 from paradec.models.llama import Transformer, rope_inv_freq
 
@@ -48,7 +48,14 @@ def _expand(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
 def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+            if not all(isinstance(f, str) and "/" not in f for f in files):
+                raise ValueError
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError):
+            raise ParadecError(f"{index} is malformed (expected {{\"weight_map\": {{tensor: file}}}}); "
+                               "re-save the checkpoint") from None
     elif (model_dir / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
@@ -157,3 +164,12 @@ def save_model(model: Transformer, out_dir: str | Path, dtype: torch.dtype = tor
     cfg_tmp = out_dir / "config.json.tmp"
     cfg_tmp.write_text(json.dumps(hf_config_dict(cfg), indent=2) + "\n")
     cfg_tmp.replace(out_dir / "config.json")
+
+
+def merge_to_hf(adapter_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write base + adapter, merged, as a plain HF checkpoint (config, bf16 safetensors, tokenizer)."""
+    adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
+    model = load_model(adapter_dir, torch.float32)
+    save_model(model, out_dir, torch.bfloat16)
+    copy_tokenizer(adapter_dir, out_dir)
+    return out_dir

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import paradec
+from paradec.engine import load
 from paradec.config import ModelConfig
 from paradec.models import load_model, save_model
 from paradec.train.corpus import load_or_encode
@@ -101,7 +101,7 @@ def train_ssm_pool(target_dir: str | Path, out_root: str | Path, run_dir: str | 
     """The code model's pool: stdlib contexts continued greedily by the target."""
     run_dir = Path(run_dir)
     (run_dir / "boost").mkdir(parents=True, exist_ok=True)
-    target = paradec.load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16")
     tok = target.tokenizer.hf
     train_stream, heldout_stream = load_or_encode(tok, run_dir / "data", tok.eos_token_id)
     t0 = time.perf_counter()

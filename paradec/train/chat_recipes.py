@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-import paradec
+from paradec.engine import load
 from paradec.config import ModelConfig
 from paradec.errors import ParadecError
 from paradec.train.boost import boost_pool
@@ -69,7 +69,7 @@ def train_chat_ssms(target_dir: str | Path, out_root: str | Path, run_dir: str |
                     answer_files: list[str | Path], num_ssms: int = 2, ctx_len: int = 64, cont_len: int = 32,
                     stride: int = 8, pretrain_steps: int = 500, distill_steps: int = 250) -> dict:
     run_dir = Path(run_dir)
-    target = paradec.load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16")
     train_recs, held_recs = target_answers(target, questions_path, run_dir)
     train = answer_windows(train_recs, ctx_len, cont_len, stride)
     held = answer_windows(held_recs, ctx_len, cont_len, stride * 4)
@@ -109,7 +109,7 @@ def _init_state(cfg: ModelConfig, target_embed: torch.Tensor) -> dict:
 def train_chat_heads(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, questions_path: str | Path,
                      num_heads: int = 4, early_layer: int | None = None, epochs: int = 2, batch: int = 512) -> dict:
     run_dir = Path(run_dir)
-    target = paradec.load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16")
     train_recs, held_recs = target_answers(target, questions_path, run_dir)
 
     def spans(recs):

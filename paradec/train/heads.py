@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import paradec
+from paradec.engine import load
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.train.boost import continuation_samples
 from paradec.train.corpus import load_or_encode
@@ -113,7 +113,7 @@ def train_heads(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     """The code model's recipe: contexts from the stdlib, continued greedily by the target."""
     run_dir = Path(run_dir)
     (run_dir / "boost").mkdir(parents=True, exist_ok=True)
-    target = paradec.load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16")
     tok = target.tokenizer.hf
     train_stream, heldout_stream = load_or_encode(tok, run_dir / "data", tok.eos_token_id)
     train = continuation_samples(target, train_stream, n_train, ctx_len, cont_len, 1, run_dir / "boost/train.npy")

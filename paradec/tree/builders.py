@@ -7,15 +7,6 @@ from __future__ import annotations
 import heapq
 
 
-def expansion_nodes(expansion: tuple[int, ...]) -> int:
-    """Draft nodes of an expansion tree <k1..km> (root excluded): k1 + k1*k2 + ..."""
-    total, width = 0, 1
-    for k in expansion:
-        width *= k
-        total += width
-    return total
-
-
 def top_paths(rank_prob: list[list[float]], n: int) -> list[tuple[int, ...]]:
     """The ``n`` rank paths of highest score, score = product of ``rank_prob[depth][rank]``.
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from paradec.config import SamplingConfig
-from paradec.draft.base import Proposal
+from paradec.tree.proposal import Proposal
 from paradec.sampling import probs
 from paradec.verify.accept import Verdict
 

@@ -11,7 +11,7 @@ import math
 import torch
 
 from paradec.config import SamplingConfig
-from paradec.draft.base import Proposal
+from paradec.tree.proposal import Proposal
 from paradec.sampling import probs
 from paradec.verify.accept import Verdict
 
