@@ -37,6 +37,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", action="append", default=[], metavar="PATH",
                    help="draft model (SSM) for specinfer; repeat to merge several")
     p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
+    p.add_argument("--no-exact", action="store_true",
+                   help="plain fp32 attention in decode passes: faster at long contexts, but bf16 verification may "
+                        "then leave ar's tokens at near ties (default: shape-invariant numerics, exact in bf16)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -229,7 +232,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
 
     model, drafts, heads = _model_and_drafters(args, (args.method,))
-    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads)
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
+                          exact=not args.no_exact)
     kwargs = dict(_generation_options(args), chat=args.chat)
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
@@ -246,7 +250,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
     from paradec.chat import chat_loop
 
     model, drafts, heads = _model_and_drafters(args, (args.method,))
-    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads)
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
+                          exact=not args.no_exact)
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
           file=sys.stderr)
     chat_loop(engine, _generation_options(args), args.system)
@@ -286,6 +291,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         if not 300 <= args.vocab_size <= 65535:
             raise ParadecError("--vocab-size must be in [300, 65535] (tokens are stored as uint16)")
+        _writable_dir(Path(args.out), "--out")
         tok = train_tokenizer(args.out, args.vocab_size)
         print(json.dumps({"out": args.out, "vocab_size": len(tok)}))
     elif args.what == "target":
@@ -347,6 +353,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         twin = twin or bundled_or_none("aspd-seq", "adapter.json")
     if args.limit is not None and args.limit < 1:
         raise ParadecError("--limit must be >= 1")
+    _writable_dir(Path(args.out), "--out")  # before the run, not after it
     cfg = BenchConfig(model=str(model), methods=methods, twin=str(twin) if twin else None,
                       prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts),
                       heads=str(heads) if heads else None,
@@ -354,9 +361,23 @@ def cmd_bench(args: argparse.Namespace) -> None:
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
                       seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat,
-                      expansion=tuple(args.expansion) if args.expansion else None)
+                      expansion=tuple(args.expansion) if args.expansion else None, exact=not args.no_exact)
     result = run_bench(cfg)
     print(write_outputs(result, args.out))
+
+
+def _writable_dir(path: Path, flag: str) -> None:
+    """Fail now, in one line, if ``path`` cannot become a directory we write into (nothing is
+    created: a run that fails later on bad input leaves no directory behind)."""
+    import os
+
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ParadecError(f"{flag} {path}: {p} is a file, not a directory; pass another {flag}")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise ParadecError(f"{flag} {path}: {p} is not writable; pass another {flag}")
+            return
 
 
 def cmd_aspd(args: argparse.Namespace) -> None:
@@ -394,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `paradec generate ... | head -n 1`: the reader is gone, which is fine
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     return 0
 
 

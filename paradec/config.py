@@ -51,6 +51,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
+        if not isinstance(raw, dict):
+            raise ParadecError(f"{source} is not a JSON object; pass a Hugging Face config.json")
         archs = raw.get("architectures") or []
         arch = archs[0] if archs else _arch_from_model_type(raw.get("model_type"))
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -97,9 +99,21 @@ class ModelConfig:
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ParadecError(f"{source} is missing or has a bad field ({exc}); "
                                "pass a Hugging Face Llama/Qwen2/Mistral config.json") from None
+
+    def __post_init__(self) -> None:
+        sizes = {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+                 "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_heads,
+                 "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                 "max_position_embeddings": self.max_position_embeddings}
+        bad = [k for k, v in sizes.items() if v < 1]
+        if bad:
+            raise ParadecError(f"config.json has {bad[0]} = {sizes[bad[0]]}; it must be >= 1 (a broken config)")
+        if self.num_heads % self.num_kv_heads:
+            raise ParadecError(f"config.json has {self.num_heads} attention heads, not a multiple of "
+                               f"{self.num_kv_heads} key/value heads (a broken config)")
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -123,6 +137,8 @@ def _arch_from_model_type(model_type: str | None) -> str:
 def _normalize_rope_scaling(rs: dict | None, source: str) -> tuple | None:
     if not rs:
         return None
+    if not isinstance(rs, dict):
+        raise ParadecError(f"rope_scaling in {source} is {type(rs).__name__}, not an object; fix config.json")
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind == "default":
         return None
@@ -150,6 +166,8 @@ class SamplingConfig:
             raise ParadecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ParadecError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ParadecError(f"seed must be in [0, 2**63), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -157,6 +175,18 @@ class SamplingConfig:
 
 
 ACCEPTORS = ("mss", "naive", "typical")
+# The most nodes one step may verify: a tree past this costs more than it can accept on any
+# hardware we measured, and its scratch slots are reserved in every row's KV cache.
+MAX_TREE_NODES = 64
+
+
+def expansion_nodes(expansion: tuple[int, ...]) -> int:
+    """Non-root nodes of one SSM's tree with ``expansion[l]`` children per node at level l."""
+    total, width = 0, 1
+    for k in expansion:
+        width *= k
+        total += width
+    return total
 
 
 @dataclass(frozen=True)
@@ -179,12 +209,18 @@ class SpecConfig:
     title_retries: int = 3  # ASPD: times a title that repeats the plan is decoded again (0: it ends the plan)
 
     def __post_init__(self) -> None:
-        if self.tree_nodes is not None and not 0 <= self.tree_nodes <= 64:
-            raise ParadecError(f"tree_nodes must be in [0, 64], got {self.tree_nodes}")
+        if self.tree_nodes is not None and not 0 <= self.tree_nodes <= MAX_TREE_NODES:
+            raise ParadecError(f"tree_nodes must be in [0, {MAX_TREE_NODES}], got {self.tree_nodes}")
         if self.prune_topk < 1:
             raise ParadecError(f"prune_topk must be >= 1, got {self.prune_topk}")
         if not self.expansion or any(k < 1 for k in self.expansion):
             raise ParadecError(f"expansion must be a non-empty list of integers >= 1, got {self.expansion}")
+        if expansion_nodes(self.expansion) > MAX_TREE_NODES:
+            raise ParadecError(f"expansion {','.join(map(str, self.expansion))} makes a tree of "
+                               f"{expansion_nodes(self.expansion)} nodes per SSM; the limit is {MAX_TREE_NODES}: "
+                               "use fewer or narrower levels")
+        if self.num_draft > MAX_TREE_NODES or self.ngram_branches * self.num_draft > MAX_TREE_NODES:
+            raise ParadecError(f"num_draft x ngram_branches must be <= {MAX_TREE_NODES}")
         if self.max_ngram < 1 or self.num_draft < 1 or self.ngram_branches < 1:
             raise ParadecError("ngram, num_draft and ngram_branches must be >= 1")
         if self.title_retries < 0:
@@ -205,5 +241,7 @@ class GenerationConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
 
     def __post_init__(self) -> None:
+        if any(not s for s in self.stop):
+            raise ParadecError("a stop string is empty; pass non-empty stop strings")
         if self.max_new_tokens < 1:
             raise ParadecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")

@@ -54,8 +54,13 @@ def load_tokenizer(model_dir: Path, config_eos: tuple[int, ...]) -> Tokenizer:
     eos = set(config_eos)
     gen_cfg = model_dir / "generation_config.json"
     if gen_cfg.is_file():
-        val = json.loads(gen_cfg.read_text()).get("eos_token_id")
-        eos.update(val if isinstance(val, list) else [val] if val is not None else [])
+        try:
+            val = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            ids = val if isinstance(val, list) else [val] if val is not None else []
+            eos.update(int(i) for i in ids)
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError, ValueError):
+            raise ParadecError(f"{gen_cfg} is malformed (expected an object whose eos_token_id is an id or a "
+                               "list of ids); fix or delete it") from None
     if hf.eos_token_id is not None:
         eos.add(hf.eos_token_id)
     return Tokenizer(hf, frozenset(eos))

@@ -165,3 +165,13 @@ def _assert_trace_is_training_layout(sp, prompt, new, stats):
         i = slot_to_flat[slot]
         assert flat[i] == tok and int(lay.positions[i]) == pos
         assert sorted(slot_to_flat[v] for v in vis) == lay.mask[i].nonzero().flatten().tolist()
+
+
+def test_stream_is_generate_and_stop_strings_end_the_text(aspd_engine):
+    prompt = "def area(r):\n    return 3.14 * r * r\n\n\n"
+    full = aspd_engine.generate(prompt, method="aspd", max_new_tokens=40, ignore_eos=True)
+    streamed = "".join(aspd_engine.stream(prompt, method="aspd", max_new_tokens=40, ignore_eos=True))
+    assert streamed == full.text and full.text
+    stop = full.text.strip()[:2]
+    cut = aspd_engine.generate(prompt, method="aspd", max_new_tokens=40, ignore_eos=True, stop=[stop])
+    assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == "stop"

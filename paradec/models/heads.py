@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -92,17 +93,36 @@ def load_heads(path: str | Path, hidden: int, eps: float, dtype: torch.dtype, de
     if not (path / "heads.json").is_file() or not (path / "heads.safetensors").is_file():
         raise ParadecError(f"no heads.json + heads.safetensors in {path}; pass --heads PATH written by "
                            "`paradec train heads`")
-    meta = json.loads((path / "heads.json").read_text())
+    try:
+        meta = json.loads((path / "heads.json").read_text())
+        if not isinstance(meta, dict):
+            raise ValueError
+        num_heads = int(meta["num_heads"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+        raise ParadecError(f"{path / 'heads.json'} is malformed (an object with num_heads, hidden_size, ...); "
+                           "retrain with `paradec train heads`") from None
     if meta.get("hidden_size") != hidden:
         raise ParadecError(f"heads in {path} were trained for hidden size {meta.get('hidden_size')}, the target "
                            f"has {hidden}; train heads for this target")
-    tensors = load_file(str(path / "heads.safetensors"))
-    medusa = MedusaHeads(hidden, int(meta["num_heads"]))
-    medusa.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("medusa.")})
+    try:
+        tensors = load_file(str(path / "heads.safetensors"))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ParadecError(f"cannot read {path / 'heads.safetensors'} ({str(exc).splitlines()[0]}); the file is "
+                           "corrupt: retrain with `paradec train heads`") from None
+    medusa = MedusaHeads(hidden, num_heads)
+    try:
+        medusa.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("medusa.")})
+    except RuntimeError:
+        raise ParadecError(f"heads.json in {path} says {num_heads} heads but heads.safetensors holds other "
+                           "weights; retrain with `paradec train heads`") from None
     early = None
     if meta.get("has_early_head"):
         early = EarlyHead(hidden, eps)
-        early.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("early.")})
+        try:
+            early.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("early.")})
+        except RuntimeError:
+            raise ParadecError(f"heads.safetensors in {path} has no usable early head; retrain with "
+                               "`paradec train heads`") from None
         early = early.to(device=device, dtype=dtype).eval().requires_grad_(False)
     medusa = medusa.to(device=device, dtype=dtype).eval().requires_grad_(False)
     extra = {k: v for k, v in meta.items() if k not in ("hidden_size", "num_heads", "early_layer", "has_early_head")}

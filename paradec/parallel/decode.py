@@ -370,5 +370,9 @@ def generate_aspd(engine, prompts: list[list[int]], gen):
                       extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
                              "groups": st.groups, "branches": st.branches,
                              "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
-        out.append(Generation(text, ids, "eos" if ids and ids[-1] in eos else "length", stats))
+        reason = "eos" if ids and ids[-1] in eos else "length"
+        cut = min((text.find(s) for s in gen.stop if s in text), default=-1)
+        if cut >= 0:  # stop strings end the plain text (the decode itself ran to its end)
+            text, reason = text[:cut], "stop"
+        out.append(Generation(text, ids, reason, stats))
     return out

@@ -64,17 +64,27 @@ def make_judge(url: str, model: str, votes: int = 3, timeout: float = 60.0):
 def _answers(path: Path) -> list[tuple[str, int, str]]:
     if not path.is_file():
         raise ParadecError(f"input file {str(path)!r} does not exist; pass a jsonl of answers")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ParadecError(f"{path} is not UTF-8 text; pass a jsonl of answers") from None
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    for n, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             raise ParadecError(f"{path}:{n + 1} is not valid JSON; fix or remove that line") from None
+        if not isinstance(rec, dict):
+            raise ParadecError(f"{path}:{n + 1} is not a JSON object; each line is one answer record")
         qid = str(rec.get("question_id", rec.get("id", n)))
         if "choices" in rec:
-            turns = rec["choices"][0]["turns"]
+            try:
+                turns = rec["choices"][0]["turns"]
+            except (IndexError, KeyError, TypeError):
+                raise ParadecError(f"{path}:{n + 1} has 'choices' without [0]['turns'] "
+                                   "(FastChat model_answer format)") from None
         else:
             text = rec.get("text", rec.get("output", rec.get("answer")))
             if text is None:
@@ -97,6 +107,9 @@ def group_passes(text: str, group: Group, count) -> tuple[int, int, int]:
 def extract_file(inp: str | Path, out: str | Path, judge=None, count_tokens=None) -> dict:
     count = count_tokens or (lambda s: len(s.split()))
     inp, out = Path(inp), Path(out)
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # before the work, not after it
+        raise ParadecError(f"OUT {out}: {blocker} is a file, not a directory; pass another OUT")
     records, total_tokens, branch_tokens, group_sizes, parallel = [], 0, 0, [], 0
     passes = passes_marked = 0  # what the ceilings divide by
     par_tokens = par_passes_marked = 0  # over the answers with a group
