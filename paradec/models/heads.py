@@ -109,21 +109,17 @@ def load_heads(path: str | Path, hidden: int, eps: float, dtype: torch.dtype, de
     except (SafetensorError, OSError, ValueError) as exc:
         raise ParadecError(f"cannot read {path / 'heads.safetensors'} ({str(exc).splitlines()[0]}); the file is "
                            "corrupt: retrain with `paradec train heads`") from None
-    medusa = MedusaHeads(hidden, num_heads)
-    try:
-        medusa.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("medusa.")})
-    except RuntimeError:
-        raise ParadecError(f"heads.json in {path} says {num_heads} heads but heads.safetensors holds other "
-                           "weights; retrain with `paradec train heads`") from None
+    def loaded(module: nn.Module, prefix: str, problem: str) -> nn.Module:
+        try:
+            module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+        except RuntimeError:
+            raise ParadecError(f"{problem} in {path}; retrain with `paradec train heads`") from None
+        return module.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+    medusa = loaded(MedusaHeads(hidden, num_heads), "medusa.",
+                    f"heads.json says {num_heads} heads but heads.safetensors holds other weights")
     early = None
     if meta.get("has_early_head"):
-        early = EarlyHead(hidden, eps)
-        try:
-            early.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("early.")})
-        except RuntimeError:
-            raise ParadecError(f"heads.safetensors in {path} has no usable early head; retrain with "
-                               "`paradec train heads`") from None
-        early = early.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    medusa = medusa.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        early = loaded(EarlyHead(hidden, eps), "early.", "heads.safetensors has no usable early head")
     extra = {k: v for k, v in meta.items() if k not in ("hidden_size", "num_heads", "early_layer", "has_early_head")}
     return Heads(medusa, early, int(meta.get("early_layer", 0)), extra)
