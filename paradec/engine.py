@@ -10,7 +10,6 @@ proposes trees and the acceptance rule (``paradec.verify``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -20,12 +19,11 @@ from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, Proposal, RootDrafter, TreeDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
-from paradec.models.llama import linear
 from paradec.models.gguf import resolve_model
 from paradec.models.heads import Heads, load_heads
 from paradec.policy import TreePolicy
 from paradec.sampling import greedy
-from paradec.state import Generation, Row, Stats, StepEvent
+from paradec.state import Generation, Row, Stats, StepEvent, Verification
 from paradec.tokenizer import Tokenizer, load_tokenizer
 from paradec.tree import ScratchTree, pass_tensors
 from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
@@ -36,20 +34,6 @@ METHODS = ("ar", "specinfer", "pld", "medusa", "propd", "aspd")
 DEFAULT_TREE_NODES = 16
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class Verification:
-    """What one target pass over the proposed trees gives the acceptance step."""
-
-    proposals: list[Proposal]  # as verified (pruning may have dropped nodes)
-    logits: torch.Tensor  # [batch, width, vocab]
-    hidden: torch.Tensor  # [batch, width, hidden] final-normed
-    slot_maps: list[list[int]] | None = None  # per row, each verified node's scratch slot (None: node i = slot i)
-    early_top: list[dict[int, list[int]]] | None = None  # pruned passes: per row {scratch slot: early top-k}
-
-    def slot(self, row: int, node: int) -> int:
-        return node if self.slot_maps is None else self.slot_maps[row][node]
 
 
 class Engine:
@@ -282,8 +266,7 @@ class Engine:
         tokens, pos, mask = pass_tensors(rows, 0, width, cache.lengths)
         dev = self.device
         h = self.model.hidden(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), cache)
-        hn = self.model.norm(h)
-        return linear(self.model.lm_head, hn, self.model.exact), hn
+        return self.model.normed_logits(h)
 
     def _accept(self, proposals: list[Proposal], logits: torch.Tensor, rows: list[Row],
                 gen: GenerationConfig) -> list[Verdict]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from paradec.tree.proposal import Proposal
+
 
 @dataclass
 class Stats:
@@ -84,3 +86,17 @@ class Row:
 class StepEvent:
     row: int
     token_ids: list[int]  # tokens committed this step for this row
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What one target pass over the proposed trees gives the acceptance step."""
+
+    proposals: list[Proposal]  # as verified (pruning may have dropped nodes)
+    logits: torch.Tensor  # [batch, width, vocab]
+    hidden: torch.Tensor  # [batch, width, hidden] final-normed
+    slot_maps: list[list[int]] | None = None  # per row, each verified node's scratch slot (None: node i = slot i)
+    early_top: list[dict[int, list[int]]] | None = None  # pruned passes: per row {scratch slot: early top-k}
+
+    def slot(self, row: int, node: int) -> int:
+        return node if self.slot_maps is None else self.slot_maps[row][node]

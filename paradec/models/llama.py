@@ -233,7 +233,13 @@ class Transformer(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: [..., hidden] -> [..., vocab]."""
-        return linear(self.lm_head, self.norm(h), self.exact)
+        return self.normed_logits(h)[0]
+
+    def normed_logits(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [..., hidden] -> (logits [..., vocab], final-normed hidden [..., hidden]): what a
+        verification pass hands the acceptance step and the drafters."""
+        hn = self.norm(h)
+        return linear(self.lm_head, hn, self.exact), hn
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:

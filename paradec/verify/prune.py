@@ -16,7 +16,6 @@ import torch
 from paradec.tree.proposal import Draw, Proposal
 from paradec.models import Transformer
 from paradec.models.heads import EarlyHead
-from paradec.models.llama import linear
 from paradec.tree import ScratchTree, TokenTree, pass_tensors
 
 
@@ -80,5 +79,5 @@ def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, pro
             mask_sub[b, 0, i, length + slots[b][i]] = True
     span = max(cache.lengths) + max(max(row) for row in slots) + 1  # what the cache returns for these slots
     h_up = model.hidden(h_sub, pos_sub, mask_sub[..., :span], cache, layer, None, slots=idx)
-    hn = model.norm(h_up)
-    return pruned, linear(model.lm_head, hn, model.exact), hn, slot_maps, early_top
+    logits, hn = model.normed_logits(h_up)
+    return pruned, logits, hn, slot_maps, early_top
