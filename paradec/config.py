@@ -119,7 +119,7 @@ class ModelConfig:
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise ParadecError(f"no config.json in {model_dir}; pass --model PATH to a Hugging Face "
+            raise ParadecError(f"no config.json in {model_dir}; pass model=PATH to a Hugging Face "
                                "model directory (config.json + *.safetensors)")
         try:
             raw = json.loads(path.read_text())
@@ -178,6 +178,8 @@ ACCEPTORS = ("mss", "naive", "typical")
 # The most nodes one step may verify: a tree past this costs more than it can accept on any
 # hardware we measured, and its scratch slots are reserved in every row's KV cache.
 MAX_TREE_NODES = 64
+# Medusa's static tree size when the heads do not say what they were tuned for
+DEFAULT_TREE_NODES = 16
 
 
 def expansion_nodes(expansion: tuple[int, ...]) -> int:

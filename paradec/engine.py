@@ -16,7 +16,8 @@ from typing import Iterator
 import torch
 
 from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
-from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, Proposal, RootDrafter, TreeDrafter
+from paradec import methods
+from paradec.draft import Drafter, Proposal
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.gguf import resolve_model
@@ -30,8 +31,6 @@ from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
 from paradec.verify.prune import pruned_pass
 from paradec.verify.typical import accept_typical
 
-METHODS = ("ar", "specinfer", "pld", "medusa", "propd", "aspd")
-DEFAULT_TREE_NODES = 16
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
@@ -53,7 +52,7 @@ class Engine:
         self.device = model.embed.weight.device
         self.drafts: list[Transformer] = []
         self.heads: Heads | None = None
-        self._policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
+        self.policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
 
     def load_heads(self, path: str | Path) -> None:
         """Load Medusa heads (+ the early-pruning head) trained for this target."""
@@ -66,7 +65,7 @@ class Engine:
         dtype = self.model.embed.weight.dtype
         for path in paths:
             if not Path(path).is_dir():
-                raise ParadecError(f"draft directory {str(path)!r} does not exist; pass --draft PATH to a "
+                raise ParadecError(f"draft directory {str(path)!r} does not exist; pass drafts=PATH to a "
                                    "Hugging Face-format draft model that shares the target's tokenizer")
             draft = load_model(path, dtype, self.device)
             draft.set_exact(False)  # a draft's rounding never reaches the output
@@ -92,10 +91,9 @@ class Engine:
         """
         single, batch = _as_batch(prompts)
         gen = self.config(**options)
-        if gen.method == "aspd":
-            from paradec.parallel.decode import generate_aspd
-
-            out = generate_aspd(self, [self._encode(p, chat) for p in batch], gen)
+        decode = methods.get(gen.method).decode
+        if decode is not None:  # a method with its own loop (ASPD's hybrid decoder)
+            out = decode(self, [self._encode(p, chat) for p in batch], gen)
             return out[0] if single else out
         rows = self._rows([self._encode(p, chat) for p in batch], gen)
         for _ in self._decode(rows, gen, drafter):
@@ -107,12 +105,12 @@ class Engine:
         """Yield the text of one prompt piece by piece as it is committed (same options as
         ``generate``). The pieces concatenate to ``generate(prompt, ...).text``."""
         gen = self.config(**options)
-        if gen.method == "aspd":
-            # Branches decode interleaved and the plain text exists in plan order only once the
-            # hybrid decoder is done, so aspd's stream is that text in one piece (buffered).
-            from paradec.parallel.decode import generate_aspd
-
-            text = generate_aspd(self, [self._encode(prompt, chat)], gen)[0].text
+        decode = methods.get(gen.method).decode
+        if decode is not None:
+            # A method with its own loop (ASPD: branches decode interleaved, and the plain text
+            # exists in plan order only once the hybrid decoder is done) streams its text in one
+            # piece (buffered).
+            text = decode(self, [self._encode(prompt, chat)], gen)[0].text
             if text:
                 yield text
             return
@@ -137,18 +135,8 @@ class Engine:
         """The frozen ``GenerationConfig`` for these options (validated)."""
         if isinstance(stop, str):  # one stop string, not its characters
             stop = [stop]
-        if method not in METHODS:
-            raise ParadecError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        if method == "specinfer" and not self.drafts:
-            raise ParadecError("method specinfer needs draft models; pass --draft PATH (or drafts=[...])")
-        if method in ("medusa", "propd"):
-            if self.heads is None:
-                raise ParadecError(f"method {method} needs Medusa heads; pass --heads PATH (or heads=...)")
-            propd = method == "propd"
-            spec.setdefault("prune", propd)
-            spec.setdefault("dynamic", propd)
-            if spec["prune"] and self.heads.early is None:
-                raise ParadecError("pruning needs an early head; these heads have none (use --no-prune)")
+        registered = methods.get(method)
+        spec = {**registered.options, **spec}
         if "expansion" in spec:
             spec["expansion"] = tuple(int(k) for k in spec["expansion"])
         try:
@@ -156,39 +144,14 @@ class Engine:
         except TypeError as exc:
             raise TypeError(f"unexpected option: {exc}") from None
         sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
-        return GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
+        gen = GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
+        registered.check(self, gen)
+        return gen
 
     # ---- the loop ---------------------------------------------------------------------------
-    def _drafter(self, gen: GenerationConfig) -> Drafter:
-        spec = gen.spec
-        ngram = NgramDrafter(spec.max_ngram, spec.num_draft, spec.ngram_branches)
-        if gen.method == "pld":
-            return TreeDrafter([], ngram)
-        if gen.method == "specinfer":
-            models = [ModelDrafter(m, spec.expansion, gen.sampling) for m in self.drafts]
-            return TreeDrafter(models, ngram if spec.with_ngram else None)
-        if gen.method in ("medusa", "propd"):
-            heads = self.heads
-            prior = heads.rank_accuracy or [[0.5 ** (r + 1) for r in range(8)] for _ in heads.medusa.blocks]
-            static = None if spec.dynamic else (spec.tree_nodes if spec.tree_nodes is not None else
-                                                heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
-            lower = heads.early_layer / self.model.config.num_layers if spec.prune else None
-            recalls = heads.meta.get("early_topk_recall") or [0.8]
-            recall = recalls[min(spec.prune_topk, len(recalls)) - 1]
-            # The policy's statistics (rank acceptance, early-head recall, latency) describe this
-            # model on this machine, not one request: they carry over from call to call, so
-            # only the first request pays for probing tree sizes.
-            step_scores = spec.step_scores and static is None
-            key = (id(heads), static, lower, spec.prune_topk, step_scores)
-            if key not in self._policies:
-                self._policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall)
-            return HeadDrafter(heads, self.model.lm_head, self._policies[key], max_rank=len(prior[0]),
-                               step_scores=step_scores)
-        return RootDrafter()
-
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter: Drafter | None = None) -> Iterator[StepEvent]:
         start = time.perf_counter()
-        drafter = drafter or self._drafter(gen)
+        drafter = drafter or methods.get(gen.method).drafter(self, gen)
         max_len = max(len(r.tokens) + r.budget for r in rows) + 1  # budgets are capped at the context
         cache = self.model.new_cache(len(rows), max_len + drafter.max_nodes)
         with torch.inference_mode():
@@ -376,7 +339,7 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
             raise ParadecError(f"unknown dtype {dtype!r}; use bf16 or fp32")
         dtype = DTYPES[dtype]
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ParadecError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+        raise ParadecError("device=cuda was asked for but no CUDA device is visible; use device=cpu")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ParadecError(f"unknown device {device!r}; use cpu or cuda")
     if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path

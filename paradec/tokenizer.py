@@ -31,7 +31,7 @@ class Tokenizer:
         model's chat template, ending with the assistant's turn opened."""
         if not self.has_chat_template:
             raise ParadecError("this model's tokenizer has no chat template; pass plain text instead of messages "
-                               "(or drop --chat)")
+                               "(or drop chat=True)")
         if not messages or any(not isinstance(m, dict) or not isinstance(m.get("content"), str)
                                or m.get("role") not in ("system", "user", "assistant") for m in messages):
             raise ParadecError("messages must be a non-empty list of {'role': 'system'|'user'|'assistant', "

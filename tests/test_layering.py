@@ -15,6 +15,7 @@ LAYERS = [
     {"sampling", "tokenizer", "state", "kv", "tree"},  # pure functions and typed state
     {"models", "policy"},  # the runtime; ProPD's cost model
     {"draft", "verify", "parallel"},  # proposing, accepting, ASPD's decoder
+    {"methods"},  # the method registry: drafter factories and what each method needs
     {"engine"},  # the loop
     {"train", "testing"},  # recipes and test fixtures use the engine as users do
     {"bench"},
@@ -26,7 +27,10 @@ LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 def _imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "paradec":
+        if isinstance(node, ast.ImportFrom) and node.module == "paradec":  # from paradec import methods
+            out.update(f"paradec.{a.name}" if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists()
+                       else "paradec" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "paradec":
             out.add(node.module)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.split(".")[0] == "paradec")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from paradec import methods
 from paradec.engine import DTYPES, load
 from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import machine, markdown_table, write_json
@@ -26,21 +27,31 @@ from paradec.errors import ParadecError
 from paradec.models.gguf import resolve_model
 from paradec.parallel.quality import nll, parses
 
-PARADEC = {"ar": {}, "specinfer": {"method": "specinfer"},
-           "specinfer+ngram": {"method": "specinfer", "with_ngram": True}, "pld": {"method": "pld"},
-           "medusa": {"method": "medusa"},  # static rank-path tree, the size the heads were tuned for (16)
-           # Medusa's reference sparse tree size (mc_sim_7b_63: 63 nodes + root), the baseline ProPD reports
-           "medusa-63": {"method": "medusa", "tree_nodes": 63},
-           "medusa+prune": {"method": "propd", "dynamic": False},  # ablations of ProPD
-           "medusa+dynamic": {"method": "propd", "prune": False},
-           "propd+step": {"method": "propd", "step_scores": True},  # nodes scored by this step's head probabilities
-           "propd": {"method": "propd"}}
-NEEDS_HEADS = ("medusa", "medusa-63", "medusa+prune", "medusa+dynamic", "propd+step", "propd")
+# Peers measured next to paradec's registered methods (paradec.methods), with what each needs
+# loaded: transformers' own decoding, an oracle drafter (the reference continuation: the
+# acceptance ceiling of a depth-`oracle_depth` chain) and the ASPD model's Seq twin (`ar`).
+PEERS = {"oracle": (), "hf": (), "hf-assisted": ("drafts",), "hf-pld": (), "seq-twin": ("aspd_model", "twin")}
 HF = ("hf", "hf-assisted", "hf-pld")
-# the ASPD model's hybrid decoding (aspd-r0: a repeated title ends the plan, no retries); `ar` of its Seq twin (--twin)
-ASPD_OPTIONS = {"aspd": {}, "aspd-r0": {"title_retries": 0}}
-ASPD = (*ASPD_OPTIONS, "seq-twin")
-METHODS = (*PARADEC, "oracle", *HF, *ASPD)
+
+
+def bench_methods() -> tuple[str, ...]:
+    """Every name ``--methods`` takes: the registered methods, then the peers."""
+    return (*methods.names(), *PEERS)
+
+
+def _lossless(name: str) -> bool:
+    """Its tokens should equal the target's `ar` (an ASPD model and its twin decode another model)."""
+    return name in PEERS and "aspd_model" not in PEERS[name] or name not in PEERS and methods.get(name).lossless
+
+
+def _own_loop(name: str) -> bool:
+    return name not in PEERS and methods.get(name).decode is not None
+
+
+def method_needs(name: str) -> set[str]:
+    if name in PEERS:
+        return set(PEERS[name])
+    return set(methods.get(name).needs)
 
 
 @dataclass(frozen=True)
@@ -68,19 +79,22 @@ class BenchConfig:
     exact: bool = True  # shape-invariant decode numerics (paradec.load's exact)
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
+        known = bench_methods()
+        unknown = [m for m in self.methods if m not in known]
         if unknown:
-            raise ParadecError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+            raise ParadecError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)}")
         if self.batch_size < 1 or self.repeats < 1 or self.max_new_tokens < 1:
-            raise ParadecError("--batch-size, --repeats and --max-new-tokens must be >= 1")
-        if any(m in ("specinfer", "specinfer+ngram", "hf-assisted") for m in self.methods) and not self.drafts:
-            raise ParadecError("specinfer and hf-assisted need a draft model; pass --draft PATH")
-        if any(m in NEEDS_HEADS for m in self.methods) and not self.heads:
-            raise ParadecError("medusa and propd need Medusa heads; pass --heads PATH")
-        if "seq-twin" in self.methods and not self.twin:
-            raise ParadecError("seq-twin needs the Seq twin of the ASPD model; pass --twin PATH")
-        if any(m in ASPD_OPTIONS for m in self.methods) and self.temperature > 0:
-            raise ParadecError("aspd decodes greedily; drop --temperature")
+            raise ParadecError("batch_size=, repeats= and max_new_tokens= must be >= 1")
+        for m in self.methods:
+            needs = method_needs(m)
+            if "drafts" in needs and not self.drafts:
+                raise ParadecError(f"{m} needs a draft model; pass drafts=PATH")
+            if "heads" in needs and not self.heads:
+                raise ParadecError(f"{m} needs Medusa heads; pass heads=PATH")
+            if "twin" in needs and not self.twin:
+                raise ParadecError(f"{m} needs the Seq twin of the ASPD model; pass twin=PATH")
+            if m not in PEERS and self.temperature > 0 and not methods.get(m).acceptors:
+                raise ParadecError(f"{m} decodes greedily; set temperature=0")
 
 
 class Runners:
@@ -111,20 +125,19 @@ class Runners:
                     ignore_eos=not c.stop_at_eos)
 
     def run(self, method: str, batch: list[list[int]], reference: list[list[int]] | None):
-        if method in PARADEC or method == "oracle":
-            drafter = None
-            if method == "oracle":
-                vocab = self.engine.model.config.vocab_size
-                drafter = OracleDrafter([p + r for p, r in zip(batch, reference)], (1,) * self.cfg.oracle_depth,
-                                        1.0, vocab)
-            opts = dict(PARADEC.get(method, {}))
-            if self.cfg.expansion is not None and method.startswith("specinfer"):
-                opts["expansion"] = self.cfg.expansion
-            out = self.engine.generate(batch, drafter=drafter, **opts, **self.options())
+        if method == "oracle":
+            vocab = self.engine.model.config.vocab_size
+            drafter = OracleDrafter([p + r for p, r in zip(batch, reference)], (1,) * self.cfg.oracle_depth, 1.0, vocab)
+            out = self.engine.generate(batch, drafter=drafter, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
-        if method in ASPD_OPTIONS:  # counted in tokens of the plain text users get (markup is overhead)
-            out = self.engine.generate(batch, method="aspd", **ASPD_OPTIONS[method], **self.options())
-            return [self.engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
+        if method not in PEERS:
+            opts = {}
+            if self.cfg.expansion is not None and "drafts" in method_needs(method):
+                opts["expansion"] = self.cfg.expansion
+            out = self.engine.generate(batch, method=method, **opts, **self.options())
+            if _own_loop(method):  # its own text (ASPD: markup is overhead, not output)
+                return [self.engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
+            return [g.token_ids for g in out], [g.stats for g in out]
         if method == "seq-twin":
             out = self.twin.generate(batch, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
@@ -193,7 +206,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
             refs = reference or [None] * len(group)
             for p, ids, toks, st, ref in zip(group, batch, tokens, stats, refs):
                 records.append(_record(p, m, wall, len(batch), toks, st, ref))
-                if runners.twin is not None and m in ("ar", *ASPD):  # quality vs the Seq twin
+                if runners.twin is not None and (m == "ar" or not _lossless(m)):  # quality vs the Seq twin
                     records[-1]["nll_twin"] = nll(runners.twin.model, ids, toks)
                     records[-1]["parses"] = parses(tok.decode(toks))
     bar.close()
@@ -228,10 +241,10 @@ def encode_prompts(engine, prompts: list[Prompt], cfg: BenchConfig) -> list[tupl
 def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], stats, reference) -> dict:
     rec = {"prompt_id": p.id, "category": p.category, "method": method, "batch": batch,
            "new_tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
-           "identical_to_ar": None if reference is None or method in ASPD else tokens == reference}
+           "identical_to_ar": None if reference is None or not _lossless(method) else tokens == reference}
     if stats is not None and stats.extra.get("degree_of_parallelism") is not None:
         rec["degree_of_parallelism"] = stats.extra["degree_of_parallelism"]
-    if stats is not None and method in ASPD_OPTIONS:  # no tree: tau = marked tokens per pass
+    if stats is not None and _own_loop(method):  # no tree (ASPD): tau = marked tokens per pass
         rec.update(tau=stats.tau, steps=stats.steps, ms_per_step=1000 * wall / max(1, stats.steps))
     elif stats is not None:
         rec.update(tau=stats.tau, steps=stats.steps, accept_per_depth=stats.accept_per_depth,

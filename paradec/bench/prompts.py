@@ -31,7 +31,7 @@ def load_prompts(path: str | Path, limit: int | None = None, per_category: int |
         return out[:limit] if limit else out
     path = Path(path)
     if not path.is_file():
-        raise ParadecError(f"prompt file {str(path)!r} does not exist; pass --prompts FILE "
+        raise ParadecError(f"prompt file {str(path)!r} does not exist; pass prompts=FILE "
                            "(question.jsonl, HumanEval.jsonl.gz or one prompt per line)")
     opener = gzip.open if path.suffix == ".gz" else open
     try:

@@ -79,7 +79,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
     file (converted once and cached, ``paradec.models.gguf``)."""
     model_dir = resolve_model(model_dir)
     if not model_dir.is_dir():
-        raise ParadecError(f"model directory {str(model_dir)!r} does not exist; pass --model PATH "
+        raise ParadecError(f"model directory {str(model_dir)!r} does not exist; pass model=PATH "
                            "to a Hugging Face-format directory (config.json + *.safetensors)")
     if is_adapter(model_dir):  # base + LoRA merged in fp32, then cast
         acfg, base, tensors = read_adapter(model_dir)

@@ -78,7 +78,7 @@ def resolve_model(path: str | Path) -> Path:
     if not is_gguf(path):
         return path
     if not path.is_file():
-        raise ParadecError(f"GGUF file {str(path)!r} does not exist; pass --model PATH to a .gguf file "
+        raise ParadecError(f"GGUF file {str(path)!r} does not exist; pass model=PATH to a .gguf file "
                            "or a Hugging Face model directory")
     out = paradec_home() / "models" / f"{file_digest(path)}-v{CONVERTER_VERSION}"
     if not (out / MARKER).is_file():

@@ -91,7 +91,7 @@ def save_heads(heads: Heads, out_dir: str | Path) -> None:
 def load_heads(path: str | Path, hidden: int, eps: float, dtype: torch.dtype, device) -> Heads:
     path = Path(path)
     if not (path / "heads.json").is_file() or not (path / "heads.safetensors").is_file():
-        raise ParadecError(f"no heads.json + heads.safetensors in {path}; pass --heads PATH written by "
+        raise ParadecError(f"no heads.json + heads.safetensors in {path}; pass heads=PATH written by "
                            "`paradec train heads`")
     try:
         meta = json.loads((path / "heads.json").read_text())

@@ -355,8 +355,6 @@ def generate_aspd(engine, prompts: list[list[int]], gen):
     from paradec.parallel.markup import strip_markup
     from paradec.state import Generation, Stats
 
-    if not gen.sampling.greedy:
-        raise ParadecError("method aspd decodes greedily; drop --temperature")
     hf = engine.tokenizer.hf
     sp = Specials.from_tokenizer(hf)
     eos = frozenset() if gen.ignore_eos else engine.tokenizer.eos_ids

@@ -53,7 +53,7 @@ def make_judge(url: str, model: str, votes: int = 3, timeout: float = 60.0):
                 with urllib.request.urlopen(req, timeout=timeout) as resp:
                     reply = json.loads(resp.read())["choices"][0]["message"]["content"]
             except (OSError, KeyError, ValueError, IndexError) as exc:
-                raise ParadecError(f"judge at {endpoint} failed ({exc.__class__.__name__}); check --judge-url") from None
+                raise ParadecError(f"judge at {endpoint} failed ({exc.__class__.__name__}); check judge_url=") from None
             if not re.search(r"\[PARALLEL\]\s*true", reply, re.I):
                 return False
         return True

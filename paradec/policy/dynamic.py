@@ -23,6 +23,17 @@ import random
 from paradec.tree.builders import top_paths_scored
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Priors for heads trained without held-out statistics: head d's rank-r guess is the target's
+# token with probability RANK_PRIOR_BASE ** (r + 1); the early head's top-k holds the target's
+# next token with probability EARLY_RECALL_PRIOR. Both are replaced online as steps are observed.
+RANK_PRIOR_BASE = 0.5
+PRIOR_RANKS = 8
+EARLY_RECALL_PRIOR = 0.8
+
+
+def rank_prior(depths: int, ranks: int = PRIOR_RANKS) -> list[list[float]]:
+    """[depth][rank] -> prior acceptance probability."""
+    return [[RANK_PRIOR_BASE ** (r + 1) for r in range(ranks)] for _ in range(depths)]
 
 
 class RankStats:
@@ -149,7 +160,7 @@ class TreePolicy:
 
     def __init__(self, prior: list[list[float]], static_nodes: int | None = None,
                  explore_every: int = 32, seed: int = 0, lower_share: float | None = None,
-                 recall: float = 0.8) -> None:
+                 recall: float = EARLY_RECALL_PRIOR) -> None:
         self.stats = RankStats(prior)
         self.latency = LatencyModel()  # unpruned passes
         self.latency_pruned = LatencyModel()  # split passes

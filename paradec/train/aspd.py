@@ -84,7 +84,7 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
 
     base_dir, out_dir, run_dir = Path(base_dir), Path(out_dir), Path(run_dir)
     if not (base_dir / "tokenizer.json").is_file():
-        raise ParadecError(f"no tokenizer.json in {base_dir}; pass --base PATH to a paradec-trained model")
+        raise ParadecError(f"no tokenizer.json in {base_dir}; pass base=PATH to a paradec-trained model")
     run_dir.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
     sp = Specials.from_tokenizer(tok, "use a tokenizer from `paradec train tokenizer` (the zoo's has them)")
@@ -92,7 +92,7 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
     if cfg.min_branches > 2:  # the plan length the model learns follows the data's (held-out stays all)
         train = [e for e in train if e.marked.count(sp.branch) >= cfg.min_branches]
         if not train:
-            raise ParadecError(f"no training window has {cfg.min_branches} branches; lower --min-branches")
+            raise ParadecError(f"no training window has {cfg.min_branches} branches; lower min_branches=")
     field = "plain" if cfg.twin else "marked"
     train_seqs = [getattr(e, field) for e in train]
     held_seqs = [getattr(e, field) for e in held]

@@ -80,7 +80,7 @@ def train_chat_ssms(target_dir: str | Path, out_root: str | Path, run_dir: str |
     held_stream = chat_stream(hf, answer_files, {k: v for k, v in questions.items() if k in held_ids})
     if len(stream) < 10_000 or len(held_stream) < 2_000:
         raise ParadecError("the answer files give too little pretraining text for the SSMs (need answers to the "
-                           "questions in --questions); pass --answers FILE ... (FastChat model_answer jsonl)")
+                           "questions in questions=); pass answers=FILE ... (FastChat model_answer jsonl)")
     cfg = ssm_config(target.model.config)
     init = _init_state(cfg, target.model.embed.weight.detach())
     pretrain = TrainConfig(seq_len=128, batch_size=16, lr=2e-3, min_lr=2e-4, max_steps=pretrain_steps,

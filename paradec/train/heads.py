@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from paradec.config import DEFAULT_TREE_NODES
 from paradec.engine import load
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.train.boost import continuation_samples
@@ -109,7 +110,7 @@ def accuracies(medusa, early, lm_head, data: Positions, batch: int = 2048) -> di
 
 def train_heads(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, num_heads: int = 4,
                 early_layer: int | None = None, epochs: int = 3, lr: float = 1e-3, n_train: int = 4000,
-                n_heldout: int = 400, ctx_len: int = 96, cont_len: int = 32, tree_nodes: int = 16) -> dict:
+                n_heldout: int = 400, ctx_len: int = 96, cont_len: int = 32, tree_nodes: int = DEFAULT_TREE_NODES) -> dict:
     """The code model's recipe: contexts from the stdlib, continued greedily by the target."""
     run_dir = Path(run_dir)
     (run_dir / "boost").mkdir(parents=True, exist_ok=True)
@@ -123,7 +124,7 @@ def train_heads(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
 
 
 def fit_heads(model, train: tuple[list, list], held: tuple[list, list], out_dir: str | Path, num_heads: int = 4,
-              early_layer: int | None = None, epochs: int = 3, lr: float = 1e-3, tree_nodes: int = 16,
+              early_layer: int | None = None, epochs: int = 3, lr: float = 1e-3, tree_nodes: int = DEFAULT_TREE_NODES,
               batch: int = 2048, cache: Path | None = None) -> dict:
     """Train Medusa heads + the early head on self-distillation samples (frozen target).
 

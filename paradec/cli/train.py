@@ -1,0 +1,136 @@
+"""``paradec train``: the zoo's training recipes (tokenizer, target, SSM pool, heads, ASPD adapter),
+each resumable from its run directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from paradec.cli.common import writable_dir
+from paradec.errors import ParadecError
+
+
+def add_train_parser(sub) -> None:
+    t = sub.add_parser("train", help="training recipes for the zoo (resumable)")
+    tsub = t.add_subparsers(dest="what", required=True)
+    tt = tsub.add_parser("tokenizer", help="byte-level BPE on the stdlib source")
+    tt.add_argument("--out", required=True)
+    tt.add_argument("--vocab-size", type=int, default=8192)
+    tg = tsub.add_parser("target", help="the zoo's ~23M Llama code model on the stdlib source")
+    tg.add_argument("--tokenizer", required=True, help="directory written by `paradec train tokenizer`")
+    tg.add_argument("--out", required=True, help="where the HF checkpoint is exported")
+    tg.add_argument("--run-dir", default="runs/zoo", help="resumable state, logs, token cache")
+    _add_train_schedule(tg, max_steps=1600)
+    ts = tsub.add_parser("ssms", help="SSM pool for specinfer by collective boost-tuning")
+    ts.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
+    ts.add_argument("--out-dir", required=True, help="writes OUT_DIR/ssm1..N and OUT_DIR/ssm_pool.json")
+    ts.add_argument("--run-dir", default="runs/zoo")
+    ts.add_argument("--num", type=int, default=3, help="SSMs in the pool")
+    ts.add_argument("--samples", type=int, default=4000, help="target continuations to distill from")
+    ts.add_argument("--questions", default=None, metavar="FILE",
+                    help="chat model: distill from the target's answers to these questions (question.jsonl; "
+                         "never an evaluation set)")
+    ts.add_argument("--answers", nargs="*", default=[], metavar="FILE",
+                    help="chat model: other models' answers to --questions (model_answer jsonl), to pretrain on")
+    th = tsub.add_parser("heads", help="Medusa heads + early-pruning head for ProPD (frozen backbone)")
+    th.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
+    th.add_argument("--out", required=True)
+    th.add_argument("--run-dir", default="runs/zoo")
+    th.add_argument("--num-heads", type=int, default=4)
+    th.add_argument("--early-layer", type=int, default=None, help="default: a quarter of the layers")
+    th.add_argument("--epochs", type=int, default=3)
+    th.add_argument("--questions", default=None, metavar="FILE",
+                    help="chat model: train on the target's answers to these questions (question.jsonl)")
+    ta = tsub.add_parser("aspd", help="ASPD fine-tune (LoRA adapter) of a model on marked stdlib function groups")
+    ta.add_argument("--base", required=True, help="the model to fine-tune (its tokenizer has the ASPD tokens)")
+    ta.add_argument("--out", required=True, help="where the adapter is exported (loads like a model directory)")
+    ta.add_argument("--run-dir", default="runs/aspd/model", help="resumable state and logs")
+    ta.add_argument("--twin", action="store_true", help="train the Seq twin: same windows, markup removed")
+    ta.add_argument("--epochs", type=float, default=1.0)
+    ta.add_argument("--rank", type=int, default=32)
+    ta.add_argument("--min-branches", type=int, default=2,
+                    help="train on windows whose function group has at least this many branches")
+    ta.add_argument("--batch-size", type=int, default=8)
+    ta.add_argument("--lr", type=float, default=1e-3)
+    ta.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
+    ta.add_argument("--seed", type=int, default=0)
+
+
+def _add_train_schedule(p: argparse.ArgumentParser, max_steps: int) -> None:
+    p.add_argument("--max-steps", type=int, default=max_steps)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _train_config(args: argparse.Namespace):
+    from paradec.train.lm import TrainConfig
+
+    for name in ("max_steps", "batch_size", "seq_len"):
+        if getattr(args, name) < 1:
+            raise ParadecError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lr <= 0:
+        raise ParadecError("--lr must be > 0")
+    return TrainConfig(seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
+                       max_steps=args.max_steps, minutes=args.minutes, seed=args.seed,
+                       warmup_steps=min(100, args.max_steps // 10 + 1))
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    if getattr(args, "target", "") is None:
+        from paradec.zoo import default_gguf
+
+        args.target = default_gguf()
+    if args.what == "tokenizer":
+        from paradec.train.tokenizer import train_tokenizer
+
+        if not 300 <= args.vocab_size <= 65535:
+            raise ParadecError("--vocab-size must be in [300, 65535] (tokens are stored as uint16)")
+        writable_dir(Path(args.out), "--out")
+        tok = train_tokenizer(args.out, args.vocab_size)
+        print(json.dumps({"out": args.out, "vocab_size": len(tok)}))
+    elif args.what == "target":
+        from paradec.train.recipes import train_target
+
+        summary = train_target(args.tokenizer, args.out, args.run_dir, _train_config(args))
+        print(json.dumps(summary))
+    elif args.what == "ssms":
+        from paradec.train.boost import train_ssm_pool
+
+        if args.num < 1 or args.samples < 64:
+            raise ParadecError("--num must be >= 1 and --samples >= 64")
+        if args.questions:
+            from paradec.train.chat_recipes import train_chat_ssms
+
+            report = train_chat_ssms(args.target, args.out_dir, args.run_dir, args.questions, args.answers, args.num)
+        else:
+            report = train_ssm_pool(args.target, args.out_dir, args.run_dir, args.num, args.samples)
+        print(json.dumps({k: v for k, v in report.items() if k != "ssms"}))
+    elif args.what == "heads":
+        from paradec.train.heads import train_heads
+
+        if args.num_heads < 1 or args.epochs < 1:
+            raise ParadecError("--num-heads and --epochs must be >= 1")
+        if args.questions:
+            from paradec.train.chat_recipes import train_chat_heads
+
+            meta = train_chat_heads(args.target, args.out, args.run_dir, args.questions, args.num_heads,
+                                    args.early_layer, args.epochs)
+        else:
+            meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
+        print(json.dumps({k: meta[k] for k in ("top1", "top5", "early_topk_recall", "expected_tau_static")}))
+    elif args.what == "aspd":
+        from paradec.train.aspd import AspdTrainConfig, train_aspd
+
+        if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or args.lr <= 0 or args.min_branches < 2:
+            raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1, --min-branches >= 2")
+        cfg = AspdTrainConfig(twin=args.twin, rank=args.rank, alpha=float(args.rank), epochs=args.epochs,
+                              batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
+                              minutes=args.minutes, seed=args.seed, min_branches=args.min_branches)
+        summary = train_aspd(args.base, args.out, args.run_dir, cfg)
+        print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
+
+

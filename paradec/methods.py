@@ -1,0 +1,183 @@
+"""The method registry: every decoding method is declared once, here or in its own module with
+one ``register`` call, and the engine, CLI, bench, demo and server all read it.
+
+A ``Method`` names what it needs loaded (draft models, Medusa heads, an early head), which
+sampling acceptors it supports, whether its output is the target's (lossless), the ``SpecConfig``
+options it sets, and how it decodes: a ``drafter`` factory for the shared propose -> verify ->
+accept -> commit loop, or a whole-``decode`` function for a method with its own loop (ASPD's
+hybrid decoder). Variants (``specinfer+ngram``, ProPD's ablations) are methods with options.
+
+    register(Method("mine", "my drafter", drafter=lambda target, gen: MyDrafter(...)))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping, Protocol
+
+from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, GenerationConfig
+from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
+from paradec.errors import ParadecError
+from paradec.models import Transformer
+from paradec.models.heads import Heads
+from paradec.policy import TreePolicy
+from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
+
+# what a method may need loaded: draft models, Medusa heads, an early head, a model fine-tuned for it
+NEEDS = ("drafts", "heads", "early_head", "aspd_model")
+
+
+class Target(Protocol):
+    """What a factory may read from the loaded engine."""
+
+    model: Transformer
+    drafts: list[Transformer]
+    heads: Heads | None
+    policies: dict[tuple, TreePolicy]  # ProPD's online statistics, kept across calls
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str  # one line, shown by `paradec generate --help` and the README's table
+    drafter: Callable[[Target, GenerationConfig], Drafter] | None = None  # the shared loop's proposer
+    decode: Callable | None = None  # (engine, prompt ids, gen) -> [Generation]: a method with its own loop
+    needs: tuple[str, ...] = ()  # a subset of NEEDS
+    options: Mapping[str, object] = field(default_factory=dict)  # SpecConfig defaults this method sets
+    acceptors: tuple[str, ...] = ACCEPTORS  # sampling acceptors it supports (greedy: always exact match)
+    lossless: bool = True  # greedy output == `ar`'s; sampled output distributed as the target's
+
+    def __post_init__(self) -> None:
+        if (self.drafter is None) == (self.decode is None):
+            raise ValueError(f"method {self.name}: give exactly one of drafter or decode")
+        if set(self.needs) - set(NEEDS):
+            raise ValueError(f"method {self.name}: needs must be among {NEEDS}")
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def missing(self, target: Target) -> list[str]:
+        """What this method needs that ``target`` has not loaded (an ASPD model is recognized by
+        its tokenizer's branch tokens, which the hybrid decoder checks)."""
+        heads = target.heads
+        have = {"drafts": bool(target.drafts), "heads": heads is not None,
+                "early_head": heads is not None and heads.early is not None, "aspd_model": True}
+        return [n for n in self.needs if not have[n]]
+
+    def check(self, target: Target, gen: GenerationConfig) -> None:
+        """Raise a ``ParadecError`` naming what is missing for this call."""
+        missing = self.missing(target)
+        if "drafts" in missing:
+            raise ParadecError(f"method {self.name} needs draft models; load them (drafts=PATH)")
+        if "heads" in missing:
+            raise ParadecError(f"method {self.name} needs Medusa heads; load them (heads=PATH)")
+        if gen.spec.prune and (target.heads is None or target.heads.early is None):
+            raise ParadecError(f"method {self.name} prunes with an early head and these heads have none "
+                               "(set prune=False)")
+        if not gen.sampling.greedy and gen.spec.acceptor not in self.acceptors:
+            raise ParadecError(f"method {self.name} samples with {' or '.join(self.acceptors) or 'no acceptor'}; "
+                               f"acceptor {gen.spec.acceptor!r} is not one of them"
+                               + ("" if self.acceptors else " (it decodes greedily: set temperature=0)"))
+
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` (a name already taken is an error: unregister it first)."""
+    if method.name in _REGISTRY:
+        raise ValueError(f"method {method.name!r} is already registered")
+    _REGISTRY[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> Method:
+    if name not in _REGISTRY:
+        raise ParadecError(f"unknown method {name!r}; choose one of: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def methods() -> tuple[Method, ...]:
+    return tuple(_REGISTRY.values())
+
+
+# ---- the shipped methods ------------------------------------------------------------------------
+def _root(target: Target, gen: GenerationConfig) -> Drafter:
+    return RootDrafter()
+
+
+def _ngram(gen: GenerationConfig) -> NgramDrafter:
+    return NgramDrafter(gen.spec.max_ngram, gen.spec.num_draft, gen.spec.ngram_branches)
+
+
+def _pld(target: Target, gen: GenerationConfig) -> Drafter:
+    return TreeDrafter([], _ngram(gen))
+
+
+def _specinfer(target: Target, gen: GenerationConfig) -> Drafter:
+    models = [ModelDrafter(m, gen.spec.expansion, gen.sampling) for m in target.drafts]
+    return TreeDrafter(models, _ngram(gen) if gen.spec.with_ngram else None)
+
+
+def _heads(target: Target, gen: GenerationConfig) -> Drafter:
+    """Medusa heads propose rank paths; ProPD's policy sizes the tree (static for Medusa)."""
+    spec, heads = gen.spec, target.heads
+    prior = heads.rank_accuracy or rank_prior(len(heads.medusa.blocks))
+    static = None if spec.dynamic else (spec.tree_nodes if spec.tree_nodes is not None else
+                                        heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
+    lower = heads.early_layer / target.model.config.num_layers if spec.prune else None
+    recalls = heads.meta.get("early_topk_recall") or [EARLY_RECALL_PRIOR]
+    recall = recalls[min(spec.prune_topk, len(recalls)) - 1]
+    # The policy's statistics (rank acceptance, early-head recall, latency) describe this model
+    # on this machine, not one request: they carry over from call to call, so only the first
+    # request pays for probing tree sizes.
+    step_scores = spec.step_scores and static is None
+    key = (id(heads), static, lower, spec.prune_topk, step_scores)
+    if key not in target.policies:
+        target.policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall)
+    return HeadDrafter(heads, target.model.lm_head, target.policies[key], max_rank=len(prior[0]),
+                       step_scores=step_scores)
+
+
+def _aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:
+    from paradec.parallel.decode import generate_aspd
+
+    return generate_aspd(engine, prompts, gen)
+
+
+PROPD = {"prune": True, "dynamic": True}
+for _m in (
+    Method("ar", "autoregressive: one target pass per token (the reference)", drafter=_root),
+    Method("specinfer", "SpecInfer: SSM token trees (expansion), merged, verified in one pass",
+           drafter=_specinfer, needs=("drafts",)),
+    Method("specinfer+ngram", "SpecInfer with prompt lookup merged into the SSM tree",
+           drafter=_specinfer, needs=("drafts",), options={"with_ngram": True}),
+    Method("pld", "prompt lookup: continuations of the longest suffix match in the context", drafter=_pld),
+    Method("medusa", "Medusa heads, a static rank-path tree of the size the heads were tuned for",
+           drafter=_heads, needs=("heads",)),
+    # Medusa's reference sparse tree size (mc_sim_7b_63: 63 nodes + root), the baseline ProPD reports
+    Method("medusa-63", "Medusa heads, a static 63-node tree", drafter=_heads, needs=("heads",),
+           options={"tree_nodes": 63}),
+    Method("propd", "ProPD: Medusa heads, early pruning in the pass, tree size from the online cost model",
+           drafter=_heads, needs=("heads", "early_head"), options=PROPD),
+    # ablations of ProPD
+    Method("medusa+prune", "ProPD ablation: static tree + early pruning", drafter=_heads,
+           needs=("heads", "early_head"), options={**PROPD, "dynamic": False}),
+    Method("medusa+dynamic", "ProPD ablation: dynamic tree size, no pruning", drafter=_heads,
+           needs=("heads",), options={**PROPD, "prune": False}),
+    Method("propd+step", "ProPD, nodes scored by this step's calibrated head probabilities", drafter=_heads,
+           needs=("heads", "early_head"), options={**PROPD, "step_scores": True}),
+    # an ASPD model's own output (fine-tuned with branch tokens), not the base model's: not lossless
+    Method("aspd", "ASPD: hybrid serial/parallel decoding of an ASPD model's branches", decode=_aspd,
+           needs=("aspd_model",), acceptors=(), lossless=False),
+    Method("aspd-r0", "ASPD, a title that repeats the plan ends it (no retries)", decode=_aspd,
+           needs=("aspd_model",), acceptors=(), lossless=False, options={"title_retries": 0}),
+):
+    register(_m)
