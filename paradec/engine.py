@@ -22,6 +22,7 @@ from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.gguf import resolve_model
 from paradec.models.heads import Heads, load_heads
+from paradec.models.quant import QUANTS, quantize_linears
 from paradec.policy import TreePolicy
 from paradec.sampling import greedy
 from paradec.state import Generation, Row, Stats, StepEvent, Verification
@@ -52,6 +53,7 @@ class Engine:
         self.device = model.embed.weight.device
         self.drafts: list[Transformer] = []
         self.heads: Heads | None = None
+        self.quant = "none"  # weight format of the target's linears (``load(quant=...)``)
         self.policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
 
     def load_heads(self, path: str | Path) -> None:
@@ -69,6 +71,7 @@ class Engine:
                                    "Hugging Face-format draft model that shares the target's tokenizer")
             draft = load_model(path, dtype, self.device)
             draft.set_exact(False)  # a draft's rounding never reaches the output
+            quantize_linears(draft, self.quant)
             if draft.config.vocab_size != self.model.config.vocab_size:
                 raise ParadecError(f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "
                                    f"{self.model.config.vocab_size}; a draft must share the target's tokenizer")
@@ -147,6 +150,14 @@ class Engine:
         gen = GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
         registered.check(self, gen)
         return gen
+
+    def warmup(self) -> None:
+        """Set the kernels up: an `ar` step and a prompt-lookup tree (a repeated pattern), a few
+        tokens each."""
+        vocab = self.model.config.vocab_size
+        ids = [t % vocab for t in (11, 12, 13) * 4]
+        self.generate(ids, max_new_tokens=2, ignore_eos=True)
+        self.generate(ids, method="pld", max_new_tokens=4, ignore_eos=True)
 
     # ---- the loop ---------------------------------------------------------------------------
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter: Drafter | None = None) -> Iterator[StepEvent]:
@@ -326,14 +337,28 @@ def _as_batch(prompts) -> tuple[bool, list]:
 
 
 def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str = "cpu",
-         drafts: list[str | Path] = (), heads: str | Path | None = None, exact: bool = True) -> Engine:
+         drafts: list[str | Path] = (), heads: str | Path | None = None, exact: bool = True,
+         quant: str = "none", quant_head: str | None = None, threads: int | None = None,
+         warmup: bool = True) -> Engine:
     """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
     ``specinfer``) into an ``Engine``. ``exact`` (default): decode and verification passes use
     shape-invariant numerics, so every lossless method's greedy tokens equal `ar`'s in bf16 too
     (``Transformer.set_exact``); ``False`` trades that for speed at long contexts.
+    ``quant``: "none", "int8" or "int4" weight-only linears on the CPU (``models.quant``; a GGUF
+    Q4_1 file's blocks map to int4 as they are), the LM head in ``quant_head`` (default: int8
+    when quantized). Every method is then lossless against that quantized model. Draft models
+    get the same quantization.
+
+    ``threads``: torch's CPU threads (default: torch's own choice, the physical cores).
+    ``warmup``: run a few tiny passes (an `ar` step and a verified tree) so the first request does
+    not pay for kernel set-up.
 
     Example: ``paradec.load("zoo/target").generate("import os", max_new_tokens=16)``.
     """
+    if threads is not None:
+        if threads < 1:
+            raise ParadecError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ParadecError(f"unknown dtype {dtype!r}; use bf16 or fp32")
@@ -342,13 +367,21 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
         raise ParadecError("device=cuda was asked for but no CUDA device is visible; use device=cpu")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ParadecError(f"unknown device {device!r}; use cpu or cuda")
+    if quant not in QUANTS or quant_head not in (None, *QUANTS):
+        raise ParadecError(f"unknown quant {quant!r} / quant_head {quant_head!r}; use one of {', '.join(QUANTS)}")
+    if quant != "none" and not device.startswith("cpu"):
+        raise ParadecError(f"quant={quant} uses torch's packed CPU kernels; use device=cpu or quant=none")
     if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
         drafts = [drafts]
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
     model = load_model(model_dir, dtype, device)
     model.set_exact(exact)
+    quantize_linears(model, quant, quant_head)
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
+    engine.quant = quant
     engine.load_drafts(list(drafts))
     if heads is not None:
         engine.load_heads(heads)
+    if warmup:
+        engine.warmup()
     return engine

@@ -77,6 +77,9 @@ class BenchConfig:
     expansion: tuple[int, ...] | None = None  # specinfer's tree (None: SpecConfig's default)
     oracle_depth: int = 8
     exact: bool = True  # shape-invariant decode numerics (paradec.load's exact)
+    quant: str = "none"  # weight-only quantization of paradec's linears (paradec.load's quant)
+    quant_head: str | None = None
+    threads: int | None = None  # torch CPU threads (None: torch's default)
 
     def __post_init__(self) -> None:
         known = bench_methods()
@@ -104,7 +107,8 @@ class Runners:
         self.cfg = cfg
         model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
         self.engine = load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
-                           heads=cfg.heads, exact=cfg.exact)
+                           heads=cfg.heads, exact=cfg.exact, quant=cfg.quant, quant_head=cfg.quant_head,
+                           threads=cfg.threads)
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.hf = self.hf_draft = None
         if any(m in HF for m in cfg.methods):

@@ -15,6 +15,7 @@ from paradec.cli.common import Parser, flag_message, writable_dir
 from paradec.cli.train import add_train_parser, cmd_train
 from paradec.config import ACCEPTORS, GenerationConfig, SamplingConfig, SpecConfig
 from paradec.errors import ParadecError
+from paradec.models.quant import QUANTS
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -37,6 +38,12 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", action="append", default=[], metavar="PATH",
                    help="draft model (SSM) for specinfer; repeat to merge several")
     p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
+    p.add_argument("--quant", default="none", choices=QUANTS,
+                   help="weight-only quantized linears on the CPU: int8 (per channel) or int4 (groups of 32; a GGUF "
+                        "Q4_1 file maps to it as it is); methods are lossless against the quantized model")
+    p.add_argument("--quant-head", default=None, choices=QUANTS,
+                   help="the LM head's format (default: int8 when --quant is set)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, the physical cores)")
     p.add_argument("--no-exact", action="store_true",
                    help="plain fp32 attention in decode passes: faster at long contexts, but bf16 verification may "
                         "then leave ar's tokens at near ties (default: shape-invariant numerics, exact in bf16)")
@@ -191,7 +198,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     model, drafts, heads = _model_and_drafters(args, set(methods.get(args.method).needs))
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
-                          exact=not args.no_exact)
+                          exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
+                          threads=args.threads)
     kwargs = dict(_generation_options(args), chat=args.chat)
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
@@ -209,7 +217,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
 
     model, drafts, heads = _model_and_drafters(args, set(methods.get(args.method).needs))
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
-                          exact=not args.no_exact)
+                          exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
+                          threads=args.threads)
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
           file=sys.stderr)
     chat_loop(engine, _generation_options(args), args.system)
@@ -252,7 +261,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
                       seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat,
-                      expansion=tuple(args.expansion) if args.expansion else None, exact=not args.no_exact)
+                      expansion=tuple(args.expansion) if args.expansion else None, exact=not args.no_exact,
+                      quant=args.quant, quant_head=args.quant_head, threads=args.threads)
     result = run_bench(cfg)
     print(write_outputs(result, args.out))
 

@@ -26,13 +26,14 @@ EXACT_ROWS = 64
 GEMV_INNER_LIMIT = 1024
 
 
-def linear(layer: nn.Linear, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
+def linear(layer: nn.Module, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
     """``layer(x)`` with each row's result independent of how many rows there are.
 
     x [..., in] -> [..., out]. A single row with a long inner dimension is computed as two
-    (itself twice), so an `ar` step and a verified tree give a token the same bits.
+    (itself twice), so an `ar` step and a verified tree give a token the same bits. The
+    quantized layers (``models.quant``) are row-invariant as they are.
     """
-    if exact and x.numel() == x.shape[-1] and layer.in_features > GEMV_INNER_LIMIT:
+    if exact and x.numel() == x.shape[-1] and layer.in_features > GEMV_INNER_LIMIT and isinstance(layer, nn.Linear):
         return layer(torch.cat([x, x], 0))[:1]
     return layer(x)
 
@@ -68,8 +69,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return self.weight * y
+        xf = x.float()
+        return self.weight * (xf * (xf.square().mean(-1, keepdim=True) + self.eps).rsqrt()).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -84,16 +85,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None, cache: KVCache | None, slots: torch.Tensor | None = None) -> torch.Tensor:
-        # x: [batch, n, hidden]; cos/sin: [batch, 1, n, head_dim]; mask: [batch, 1, n, span] bool;
+        # x: [batch, n, hidden]; cos/sin: [batch, n, 1, head_dim]; mask: [batch, 1, n, span] bool;
         # slots: [batch, n] scratch slot of each token (None: the next n)
         b, n, _ = x.shape
-        q, k, v = linear(self.wqkv, x, self.exact).split(
-            [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], -1)
-        q = q.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # [batch, heads, n, head_dim]
-        k = k.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)  # [batch, kv_heads, n, head_dim]
-        v = v.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        heads, kv = self.n_heads, self.n_kv
+        qkv = linear(self.wqkv, x, self.exact).view(b, n, heads + 2 * kv, self.head_dim)
+        qk = qkv[:, :, : heads + kv]  # queries and keys rotate together: [batch, n, heads + kv, head_dim]
+        qk = (qk * cos + rotate_half(qk) * sin).transpose(1, 2)  # [batch, heads + kv, n, head_dim]
+        q, k = qk[:, :heads], qk[:, heads:]
+        v = qkv[:, :, heads + kv:].transpose(1, 2)  # [batch, kv_heads, n, head_dim]
         if cache is not None:
             k, v = cache.write(self.layer, k, v, slots)  # [batch, kv_heads, span, head_dim]
         if cache is not None and n <= EXACT_ROWS:  # a decode step or a tree
@@ -213,9 +213,9 @@ class Transformer(nn.Module):
             block.attn.exact = block.mlp.exact = exact
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [batch, n] -> cos, sin [batch, 1, n, head_dim]."""
+        """positions [batch, n] -> cos, sin [batch, n, 1, head_dim]."""
         angles = positions[..., None].float() * self.inv_freq  # [batch, n, head_dim // 2]
-        angles = torch.cat((angles, angles), -1)[:, None]
+        angles = torch.cat((angles, angles), -1)[:, :, None]
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def hidden(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,

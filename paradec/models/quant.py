@@ -1,0 +1,120 @@
+"""Weight-only quantized linears on torch's packed CPU kernels (``paradec.load(..., quant=...)``).
+
+- ``int8``: one int8 weight per element, one scale per output channel, ``torch._weight_int8pack_mm``.
+- ``int4``: 4-bit weights in groups of 32 along the input, an affine (scale, zero) per group,
+  ``aten._weight_int4pack_mm_for_cpu``: w = (q - 8) * scale + zero. A GGUF Q4_1 block is exactly
+  such a group (w = d * q + m, 32 weights, q in 0..15, m the block's minimum and m + 15d its
+  maximum), so quantizing the converted weights by each group's min and max recovers the file's
+  own q and (d, m); only scale and zero are stored in bf16 (the kernel's format).
+
+Both kernels give a row the same bits whatever the number of rows (measured on this CPU, and
+checked in tests), so an `ar` step and a verified tree agree token for token, as in bf16. The
+target that every method is lossless against is the quantized model itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+QUANTS = ("none", "int8", "int4")
+INT4_GROUP = 32
+INT4_N_MULTIPLE = 16  # the packed int4 layout needs out_features % 16 == 0
+
+
+class Int8Linear(nn.Module):
+    """x [..., in] -> [..., out] with int8 weights [out, in] and per-channel scales [out]."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)  # [out, in] int8
+        self.register_buffer("scales", scales)  # [out] in the activations' dtype
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, layer: nn.Linear) -> "Int8Linear":
+        w = layer.weight.detach().float()
+        scale = (w.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        bias = None if layer.bias is None else layer.bias.detach().clone()
+        return cls(q, scale.to(layer.weight.dtype), bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """[out, in] fp32: the weights this layer multiplies by."""
+        return self.weight.float() * self.scales.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.scales.to(x.dtype))
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int4Linear(nn.Module):
+    """x [..., in] -> [..., out] with 4-bit weights in groups of ``INT4_GROUP`` along ``in``."""
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
+                 in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("packed", packed)  # the kernel's packed layout of q [out, in] (uint8)
+        self.register_buffer("scales_zeros", scales_zeros)  # [in / group, out, 2] bf16: (scale, zero)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @staticmethod
+    def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """w [out, in] -> q [out, in] int32 in 0..15, scale and zero [out, in / group] fp32
+        (w ~ (q - 8) * scale + zero; a group's min and max are on the grid exactly)."""
+        out, inp = w.shape
+        g = w.float().reshape(out, inp // INT4_GROUP, INT4_GROUP)
+        lo, hi = g.amin(-1), g.amax(-1)
+        scale = (hi - lo) / 15
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = ((g - lo[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.int32)
+        return q.reshape(out, inp), scale, lo + 8 * scale
+
+    @classmethod
+    def from_linear(cls, layer: nn.Linear) -> "Int4Linear":
+        q, scale, zero = cls.quantize(layer.weight.detach())
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        bias = None if layer.bias is None else layer.bias.detach().clone()
+        return cls(packed, scales_zeros, bias, layer.in_features, layer.out_features)
+
+    @staticmethod
+    def fits(layer: nn.Linear) -> bool:
+        return layer.in_features % INT4_GROUP == 0 and layer.out_features % INT4_N_MULTIPLE == 0
+
+    def dequantized(self) -> torch.Tensor:
+        """[out, in] fp32, computed by the kernel itself (x = the fp32 identity)."""
+        return self._mm(torch.eye(self.in_features)).T.contiguous()
+
+    def _mm(self, x2: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, INT4_GROUP, self.scales_zeros.to(x2.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._mm(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+def quantize_linears(model: nn.Module, quant: str, head: str | None = None) -> dict[str, str]:
+    """Replace the decoder's linears (attention, MLP) with ``quant`` ones and the LM head with
+    ``head`` ones (default: int8 for any quant; "none" keeps it). An int4 layer whose shape the
+    packed kernel cannot take stays int8. Returns {module name: format} for the record."""
+    if quant not in QUANTS:
+        raise ValueError(quant)
+    head = head if head is not None else ("none" if quant == "none" else "int8")
+    formats = {}
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            full = f"{name}.{child_name}" if name else child_name
+            kind = head if full == "lm_head" else quant
+            if kind == "int4" and not Int4Linear.fits(child):
+                kind = "int8"
+            if kind == "none":
+                continue
+            setattr(module, child_name, Int4Linear.from_linear(child) if kind == "int4" else Int8Linear.from_linear(child))
+            formats[full] = kind
+    return formats
