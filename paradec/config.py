@@ -178,6 +178,11 @@ ACCEPTORS = ("mss", "naive", "typical")
 # The most nodes one step may verify: a tree past this costs more than it can accept on any
 # hardware we measured, and its scratch slots are reserved in every row's KV cache.
 MAX_TREE_NODES = 64
+# Prompt-lookup tokens per branch by weight format: a pass verifies them for about the price of an
+# `ar` step (benchmarks/pass_cost.py, 2-core CPU: bf16 passes cost 1.25x an `ar` step at 8 tokens;
+# the packed int8/int4 kernels' cost grows with the rows, 1.2-1.35x at 4, 2x at 8, so 3 drafted
+# tokens + the root). A fixed table, not a measurement at load, so a seed fixes sampled output.
+PLD_DRAFT_TOKENS = {"none": 8, "int8": 3, "int4": 3}
 # Medusa's static tree size when the heads do not say what they were tuned for
 DEFAULT_TREE_NODES = 16
 
@@ -198,7 +203,7 @@ class SpecConfig:
     expansion: tuple[int, ...] = (1, 1, 3, 1, 1, 1, 1, 1)  # SSM children per level
     with_ngram: bool = False  # merge prompt lookup into the SSM tree
     max_ngram: int = 3  # longest suffix prompt lookup matches
-    num_draft: int = 8  # prompt-lookup tokens per branch
+    num_draft: int | None = None  # prompt-lookup tokens per branch (None: PLD_DRAFT_TOKENS for the weight format)
     ngram_branches: int = 1  # distinct prompt-lookup continuations
     acceptor: str = "mss"  # sampling acceptance: "mss", "naive", or "typical" (lossy; greedy is exact match)
     typical_epsilon: float = 0.09  # typical acceptance: p(x) > min(epsilon, delta * exp(-entropy))
@@ -221,9 +226,10 @@ class SpecConfig:
             raise ParadecError(f"expansion {','.join(map(str, self.expansion))} makes a tree of "
                                f"{expansion_nodes(self.expansion)} nodes per SSM; the limit is {MAX_TREE_NODES}: "
                                "use fewer or narrower levels")
-        if self.num_draft > MAX_TREE_NODES or self.ngram_branches * self.num_draft > MAX_TREE_NODES:
+        draft = 1 if self.num_draft is None else self.num_draft
+        if draft > MAX_TREE_NODES or self.ngram_branches * draft > MAX_TREE_NODES:
             raise ParadecError(f"num_draft x ngram_branches must be <= {MAX_TREE_NODES}")
-        if self.max_ngram < 1 or self.num_draft < 1 or self.ngram_branches < 1:
+        if self.max_ngram < 1 or draft < 1 or self.ngram_branches < 1:
             raise ParadecError("ngram, num_draft and ngram_branches must be >= 1")
         if self.title_retries < 0:
             raise ParadecError(f"title_retries must be >= 0, got {self.title_retries}")

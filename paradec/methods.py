@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
-from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, GenerationConfig
+from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer
@@ -35,6 +35,7 @@ class Target(Protocol):
     drafts: list[Transformer]
     heads: Heads | None
     policies: dict[tuple, TreePolicy]  # ProPD's online statistics, kept across calls
+    quant: str  # the target's weight format (models.quant)
 
 
 @dataclass(frozen=True)
@@ -113,17 +114,17 @@ def _root(target: Target, gen: GenerationConfig) -> Drafter:
     return RootDrafter()
 
 
-def _ngram(gen: GenerationConfig) -> NgramDrafter:
-    return NgramDrafter(gen.spec.max_ngram, gen.spec.num_draft, gen.spec.ngram_branches)
+def _ngram(gen: GenerationConfig, quant: str) -> NgramDrafter:
+    return NgramDrafter(gen.spec.max_ngram, gen.spec.num_draft or PLD_DRAFT_TOKENS[quant], gen.spec.ngram_branches)
 
 
 def _pld(target: Target, gen: GenerationConfig) -> Drafter:
-    return TreeDrafter([], _ngram(gen))
+    return TreeDrafter([], _ngram(gen, target.quant))
 
 
 def _specinfer(target: Target, gen: GenerationConfig) -> Drafter:
     models = [ModelDrafter(m, gen.spec.expansion, gen.sampling) for m in target.drafts]
-    return TreeDrafter(models, _ngram(gen) if gen.spec.with_ngram else None)
+    return TreeDrafter(models, _ngram(gen, target.quant) if gen.spec.with_ngram else None)
 
 
 def _heads(target: Target, gen: GenerationConfig) -> Drafter:

@@ -30,7 +30,7 @@ def _linear(out: int, inp: int, seed: int = 0, bias: bool = False) -> nn.Linear:
 @pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_matmul_equals_dequantized_weights(kind, dtype, rtol):
     """y == x @ dequantized.T up to the activations' rounding (fp32: 1e-5 of |y|max; bf16: 1e-2)."""
-    layer = LAYERS[kind].from_linear(_linear(96, 128, bias=True))
+    layer = LAYERS[kind].from_linear(_linear(96, 128, bias=True).to(dtype))
     x = torch.randn(5, 128)
     y = layer(x.to(dtype)).float()
     ref = x.to(dtype).float() @ layer.dequantized().T + layer.bias.float()
@@ -53,7 +53,7 @@ def test_quantization_error_is_what_the_format_allows(kind):
 @pytest.mark.parametrize("kind", LAYERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_do_not_depend_on_the_row_count(kind, dtype):
-    layer = LAYERS[kind].from_linear(_linear(576 if kind == "int4" else 200, 1536))
+    layer = LAYERS[kind].from_linear(_linear(576 if kind == "int4" else 200, 1536).to(dtype))
     x = torch.randn(16, 1536).to(dtype)
     full = layer(x)
     for m in (1, 2, 3, 4, 8):

@@ -25,30 +25,46 @@ from paradec.bench.report import machine, markdown_table, write_json
 from paradec.draft.oracle import OracleDrafter
 from paradec.errors import ParadecError
 from paradec.models.gguf import resolve_model
+from paradec.models.quant import QUANTS
 from paradec.parallel.quality import nll, parses
 
 # Peers measured next to paradec's registered methods (paradec.methods), with what each needs
-# loaded: transformers' own decoding, an oracle drafter (the reference continuation: the
-# acceptance ceiling of a depth-`oracle_depth` chain) and the ASPD model's Seq twin (`ar`).
-PEERS = {"oracle": (), "hf": (), "hf-assisted": ("drafts",), "hf-pld": (), "seq-twin": ("aspd_model", "twin")}
+# loaded: transformers' own decoding, llama.cpp on the same GGUF file (llama-cpp-python, plain
+# and its prompt-lookup decoding), an oracle drafter (the reference continuation: the acceptance
+# ceiling of a depth-`oracle_depth` chain) and the ASPD model's Seq twin (`ar`).
+PEERS = {"oracle": (), "hf": (), "hf-assisted": ("drafts",), "hf-pld": (), "seq-twin": ("aspd_model", "twin"),
+         "llamacpp": ("gguf",), "llamacpp-pld": ("gguf",)}
 HF = ("hf", "hf-assisted", "hf-pld")
+LLAMACPP = ("llamacpp", "llamacpp-pld")
+LLAMACPP_PLD_TOKENS = 10  # llama-cpp-python's LlamaPromptLookupDecoding default
 
 
 def bench_methods() -> tuple[str, ...]:
-    """Every name ``--methods`` takes: the registered methods, then the peers."""
+    """Every name ``--methods`` takes: the registered methods, then the peers. A registered
+    method may carry a weight format, ``ar@int4``: it then runs on the model loaded with that
+    ``quant`` (compared with ``ar@int4``), next to the others in one interleaved run."""
     return (*methods.names(), *PEERS)
+
+
+def split_method(name: str, default_quant: str = "none") -> tuple[str, str]:
+    """"ar@int4" -> ("ar", "int4"); "ar" -> ("ar", default_quant)."""
+    base, _, quant = name.partition("@")
+    return base, quant or default_quant
 
 
 def _lossless(name: str) -> bool:
     """Its tokens should equal the target's `ar` (an ASPD model and its twin decode another model)."""
+    name = split_method(name)[0]
     return name in PEERS and "aspd_model" not in PEERS[name] or name not in PEERS and methods.get(name).lossless
 
 
 def _own_loop(name: str) -> bool:
+    name = split_method(name)[0]
     return name not in PEERS and methods.get(name).decode is not None
 
 
 def method_needs(name: str) -> set[str]:
+    name = split_method(name)[0]
     if name in PEERS:
         return set(PEERS[name])
     return set(methods.get(name).needs)
@@ -83,9 +99,13 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         known = bench_methods()
-        unknown = [m for m in self.methods if m not in known]
+        unknown = [m for m in self.methods if split_method(m)[0] not in known or
+                   (split_method(m)[0] in PEERS and "@" in m) or split_method(m)[1] not in QUANTS]
         if unknown:
-            raise ParadecError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+            raise ParadecError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)} "
+                               f"(a registered method may end in @{'|@'.join(QUANTS)})")
+        if any(m in LLAMACPP for m in self.methods) and not self.model.endswith(".gguf"):
+            raise ParadecError("llamacpp runs a GGUF file; pass model=FILE.gguf")
         if self.batch_size < 1 or self.repeats < 1 or self.max_new_tokens < 1:
             raise ParadecError("batch_size=, repeats= and max_new_tokens= must be >= 1")
         for m in self.methods:
@@ -96,7 +116,8 @@ class BenchConfig:
                 raise ParadecError(f"{m} needs Medusa heads; pass heads=PATH")
             if "twin" in needs and not self.twin:
                 raise ParadecError(f"{m} needs the Seq twin of the ASPD model; pass twin=PATH")
-            if m not in PEERS and self.temperature > 0 and not methods.get(m).acceptors:
+            base = split_method(m)[0]
+            if base not in PEERS and self.temperature > 0 and not methods.get(base).acceptors:
                 raise ParadecError(f"{m} decodes greedily; set temperature=0")
 
 
@@ -106,9 +127,14 @@ class Runners:
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
         model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
-        self.engine = load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
-                           heads=cfg.heads, exact=cfg.exact, quant=cfg.quant, quant_head=cfg.quant_head,
-                           threads=cfg.threads)
+        quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
+        self.engines = {q: load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
+                                heads=cfg.heads, exact=cfg.exact, quant=q, quant_head=cfg.quant_head,
+                                threads=cfg.threads) for q in quants}
+        self.engine = self.engines[cfg.quant]
+        self.llamacpp = {}
+        if any(m in LLAMACPP for m in cfg.methods):
+            self.llamacpp = _load_llamacpp(cfg, [m for m in cfg.methods if m in LLAMACPP])
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.hf = self.hf_draft = None
         if any(m in HF for m in cfg.methods):
@@ -134,18 +160,38 @@ class Runners:
             drafter = OracleDrafter([p + r for p, r in zip(batch, reference)], (1,) * self.cfg.oracle_depth, 1.0, vocab)
             out = self.engine.generate(batch, drafter=drafter, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
+        if method in LLAMACPP:
+            return self._run_llamacpp(method, batch), [None] * len(batch)
         if method not in PEERS:
+            base, quant = split_method(method, self.cfg.quant)
+            engine = self.engines[quant]
             opts = {}
             if self.cfg.expansion is not None and "drafts" in method_needs(method):
                 opts["expansion"] = self.cfg.expansion
-            out = self.engine.generate(batch, method=method, **opts, **self.options())
+            out = engine.generate(batch, method=base, **opts, **self.options())
             if _own_loop(method):  # its own text (ASPD: markup is overhead, not output)
-                return [self.engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
+                return [engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
             return [g.token_ids for g in out], [g.stats for g in out]
         if method == "seq-twin":
             out = self.twin.generate(batch, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
         return self._run_hf(method, batch), [None] * len(batch)
+
+    def _run_llamacpp(self, method: str, batch: list[list[int]]) -> list[list[int]]:
+        """Greedy llama.cpp on each prompt's token ids (the same vocabulary: the same GGUF file),
+        from an empty cache each time, so it pays for its prefill as paradec does."""
+        llm = self.llamacpp[method]
+        eos = self.engine.tokenizer.eos_ids
+        out = []
+        for ids in batch:
+            llm.reset()
+            tokens: list[int] = []
+            for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+                tokens.append(int(tok))
+                if len(tokens) >= self.cfg.max_new_tokens or (self.cfg.stop_at_eos and tok in eos):
+                    break
+            out.append(tokens)
+        return out
 
     def _run_hf(self, method: str, batch: list[list[int]]) -> list[list[int]]:
         width = max(len(p) for p in batch)
@@ -165,6 +211,22 @@ class Runners:
         with torch.inference_mode():
             out = self.hf.generate(ids, **kw)
         return [row[width:].tolist() for row in out]
+
+
+def _load_llamacpp(cfg: BenchConfig, names: list[str]) -> dict:
+    try:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    except ImportError:
+        raise ParadecError("llamacpp needs llama-cpp-python; pip install -e '.[llamacpp]' (it builds llama.cpp "
+                           "from source, ~10 minutes on 2 cores)") from None
+    threads = cfg.threads or torch.get_num_threads()
+    out = {}
+    for name in names:
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=LLAMACPP_PLD_TOKENS) if name == "llamacpp-pld" else None
+        out[name] = Llama(cfg.model, n_ctx=2048, n_threads=threads, n_threads_batch=threads, draft_model=draft,
+                          verbose=False, seed=cfg.seed)
+    return out
 
 
 def _peak_mb() -> float:
@@ -194,20 +256,22 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     records = []
     bar = tqdm(total=len(groups) * len(methods) * cfg.repeats, desc="bench", disable=not progress)
     for gi, (group, batch) in enumerate(zip(groups, encoded)):
-        reference = None
-        if cfg.temperature == 0:  # `ar`'s tokens: the oracle's knowledge and the identity check
-            reference, _ = runners.run("ar", batch, None)
+        references = {}
+        if cfg.temperature == 0:  # `ar`'s tokens per weight format: the oracle's knowledge and the identity check
+            for q in runners.engines:
+                references[q], _ = runners.run(f"ar@{q}", batch, None)
+        reference = references.get(cfg.quant)
         order = methods[gi % len(methods):] + methods[: gi % len(methods)]
         timings: dict[str, list] = {m: [] for m in methods}
         for _ in range(cfg.repeats):
             for m in order:
                 t = time.perf_counter()
-                tokens, stats = runners.run(m, batch, reference)
+                tokens, stats = runners.run(m, batch, references.get(split_method(m, cfg.quant)[1], reference))
                 timings[m].append((time.perf_counter() - t, tokens, stats))
                 bar.update(1)
         for m in methods:
             wall, tokens, stats = sorted(timings[m], key=lambda x: x[0])[len(timings[m]) // 2]
-            refs = reference or [None] * len(group)
+            refs = references.get(split_method(m, cfg.quant)[1]) or [None] * len(group)
             for p, ids, toks, st, ref in zip(group, batch, tokens, stats, refs):
                 records.append(_record(p, m, wall, len(batch), toks, st, ref))
                 if runners.twin is not None and (m == "ar" or not _lossless(m)):  # quality vs the Seq twin

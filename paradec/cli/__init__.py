@@ -13,7 +13,7 @@ from pathlib import Path
 from paradec import methods
 from paradec.cli.common import Parser, flag_message, writable_dir
 from paradec.cli.train import add_train_parser, cmd_train
-from paradec.config import ACCEPTORS, GenerationConfig, SamplingConfig, SpecConfig
+from paradec.config import ACCEPTORS, PLD_DRAFT_TOKENS, GenerationConfig, SamplingConfig, SpecConfig
 from paradec.errors import ParadecError
 from paradec.models.quant import QUANTS
 
@@ -72,7 +72,8 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
                    help=f"SSM children per tree level (default {','.join(map(str, d.expansion))})")
     p.add_argument("--with-ngram", action="store_true", **quiet, help="specinfer: merge prompt lookup into the tree")
     p.add_argument("--ngram", type=int, **quiet, help=f"prompt lookup: longest suffix to match (default {d.max_ngram})")
-    p.add_argument("--num-draft", type=int, **quiet, help=f"prompt lookup: tokens per branch (default {d.num_draft})")
+    p.add_argument("--num-draft", type=int, **quiet, help="prompt lookup: tokens per branch (default: "
+                   + ", ".join(f"{n} for {q}" for q, n in PLD_DRAFT_TOKENS.items()) + ")")
     p.add_argument("--ngram-branches", type=int, **quiet,
                    help=f"prompt lookup: distinct continuations (default {d.ngram_branches})")
     p.add_argument("--acceptor", choices=ACCEPTORS, **quiet,

@@ -23,7 +23,8 @@ INT4_N_MULTIPLE = 16  # the packed int4 layout needs out_features % 16 == 0
 
 
 class Int8Linear(nn.Module):
-    """x [..., in] -> [..., out] with int8 weights [out, in] and per-channel scales [out]."""
+    """x [..., in] -> [..., out] with int8 weights [out, in] and per-channel scales [out]; x in
+    the dtype of the layer it was made from."""
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -45,7 +46,7 @@ class Int8Linear(nn.Module):
         return self.weight.float() * self.scales.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.scales.to(x.dtype))
+        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.scales)
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -58,7 +59,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("packed", packed)  # the kernel's packed layout of q [out, in] (uint8)
-        self.register_buffer("scales_zeros", scales_zeros)  # [in / group, out, 2] bf16: (scale, zero)
+        self.register_buffer("scales_zeros", scales_zeros)  # [in / group, out, 2] in the activations' dtype
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @staticmethod
@@ -77,7 +78,9 @@ class Int4Linear(nn.Module):
     def from_linear(cls, layer: nn.Linear) -> "Int4Linear":
         q, scale, zero = cls.quantize(layer.weight.detach())
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        # bf16 is the kernel's storage (a model in fp32 takes the same bf16-rounded values in fp32)
         scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        scales_zeros = scales_zeros.to(layer.weight.dtype)
         bias = None if layer.bias is None else layer.bias.detach().clone()
         return cls(packed, scales_zeros, bias, layer.in_features, layer.out_features)
 
@@ -87,10 +90,12 @@ class Int4Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """[out, in] fp32, computed by the kernel itself (x = the fp32 identity)."""
-        return self._mm(torch.eye(self.in_features)).T.contiguous()
+        eye = torch.eye(self.in_features)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, INT4_GROUP, self.scales_zeros.float())
+        return y.T.contiguous()
 
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, INT4_GROUP, self.scales_zeros.to(x2.dtype))
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, INT4_GROUP, self.scales_zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._mm(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
