@@ -55,11 +55,6 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return inv.float()
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class RMSNorm(nn.Module):
     """Normalizes in fp32, casts back, then scales (the order transformers uses)."""
 
@@ -91,7 +86,8 @@ class Attention(nn.Module):
         heads, kv = self.n_heads, self.n_kv
         qkv = linear(self.wqkv, x, self.exact).view(b, n, heads + 2 * kv, self.head_dim)
         qk = qkv[:, :, : heads + kv]  # queries and keys rotate together: [batch, n, heads + kv, head_dim]
-        qk = (qk * cos + rotate_half(qk) * sin).transpose(1, 2)  # [batch, heads + kv, n, head_dim]
+        # rotate_half(x) * sin == roll(x, half) * (sin with its first half negated): one op, same bits
+        qk = (qk * cos + qk.roll(self.head_dim // 2, -1) * sin).transpose(1, 2)  # [batch, heads + kv, n, head_dim]
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, :, heads + kv:].transpose(1, 2)  # [batch, kv_heads, n, head_dim]
         if cache is not None:
@@ -135,7 +131,8 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     qf = q.float().reshape(b, kv, rows, d)
     if rows < 4:
         qf = torch.cat([qf, qf[:, :, :1].expand(b, kv, 4 - rows, d)], 2)
-    scores = (qf @ k.float().transpose(-1, -2))[:, :, :rows].double() * (1.0 / math.sqrt(d))  # [b, kv, rows, span]
+    keys_t = k.float().transpose(-1, -2).contiguous()  # [b, kv, d, span]: a plain GEMM operand (2-4x faster here)
+    scores = (qf @ keys_t)[:, :, :rows].double() * (1.0 / math.sqrt(d))  # [b, kv, rows, span]
     if mask is not None:
         bias = torch.zeros(mask.shape, dtype=scores.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None]).view(b, kv, rows, -1)
@@ -213,10 +210,12 @@ class Transformer(nn.Module):
             block.attn.exact = block.mlp.exact = exact
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [batch, n] -> cos, sin [batch, n, 1, head_dim]."""
+        """positions [batch, n] -> cos, sin [batch, n, 1, head_dim]; sin's first half negated,
+        so that x * cos + roll(x, head_dim / 2) * sin is x rotated (HF's rotate_half form)."""
         angles = positions[..., None].float() * self.inv_freq  # [batch, n, head_dim // 2]
+        sin = angles.sin()
         angles = torch.cat((angles, angles), -1)[:, :, None]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        return angles.cos().to(dtype), torch.cat((-sin, sin), -1)[:, :, None].to(dtype)
 
     def hidden(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                cache: KVCache | None, start: int = 0, stop: int | None = None,
