@@ -15,7 +15,8 @@ from paradec.testing import make_checkpoint
 
 
 def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test_aspd_train.py
-    methods = [m for m in bench_methods() if "aspd_model" not in method_needs(m)]
+    # (aspd: tests/test_aspd_train.py; llama.cpp, an optional extra: test_bench_llamacpp_peer)
+    methods = [m for m in bench_methods() if not {"aspd_model", "gguf"} & method_needs(m)]
     draft = make_checkpoint(tmp_path / "draft", tokenizer=tokenizer, seed=21, num_layers=1)
     torch.manual_seed(0)
     medusa, early = MedusaHeads(64, 2), EarlyHead(64, 1e-6)
@@ -62,3 +63,33 @@ def test_bench_bad_input_exit_2(tmp_path, llama_dir):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_bench_quant_suffix_and_llamacpp_peer(tmp_path):
+    """`ar@int4` runs next to `ar` and is compared with `ar` in its own format; llama.cpp (when
+    llama-cpp-python is installed) decodes the same GGUF file greedily."""
+    from paradec.testing import make_tokenizer, stdlib_text, write_gguf
+
+    methods = ["ar", "ar@int4", "pld@int4"]
+    try:
+        import llama_cpp  # noqa: F401
+
+        methods += ["llamacpp", "llamacpp-pld"]
+    except ImportError:
+        pass
+    tok = make_tokenizer(320, stdlib_text(40_000), special=("<|im_start|>", "<|im_end|>"))
+    model = tmp_path / "tiny.gguf"
+    write_gguf(model, tok, num_layers=1)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\n\nimport os\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(model), "--methods", ",".join(methods),
+                           "--prompts", str(prompts), "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert {r["method"] for r in records} == set(methods)
+    for r in records:
+        assert r["new_tokens"] == 12
+        if "@" in r["method"]:
+            assert r["identical_to_ar"] is True  # vs ar@int4
