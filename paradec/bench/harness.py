@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from paradec import methods
 from paradec.engine import DTYPES, load
+from paradec.bench.peers import HFPeer, LlamaCppPeer
 from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import machine, markdown_table, write_json
 from paradec.draft.oracle import OracleDrafter
@@ -29,14 +30,13 @@ from paradec.models.quant import QUANTS
 from paradec.parallel.quality import nll, parses
 
 # Peers measured next to paradec's registered methods (paradec.methods), with what each needs
-# loaded: transformers' own decoding, llama.cpp on the same GGUF file (llama-cpp-python, plain
-# and its prompt-lookup decoding), an oracle drafter (the reference continuation: the acceptance
-# ceiling of a depth-`oracle_depth` chain) and the ASPD model's Seq twin (`ar`).
+# loaded: transformers' own decoding and llama.cpp on the same GGUF file (bench/peers.py), an
+# oracle drafter (the reference continuation: the acceptance ceiling of a depth-`oracle_depth`
+# chain) and the ASPD model's Seq twin (`ar`).
 PEERS = {"oracle": (), "hf": (), "hf-assisted": ("drafts",), "hf-pld": (), "seq-twin": ("aspd_model", "twin"),
          "llamacpp": ("gguf",), "llamacpp-pld": ("gguf",)}
 HF = ("hf", "hf-assisted", "hf-pld")
 LLAMACPP = ("llamacpp", "llamacpp-pld")
-LLAMACPP_PLD_TOKENS = 10  # llama-cpp-python's LlamaPromptLookupDecoding default
 
 
 def bench_methods() -> tuple[str, ...]:
@@ -132,22 +132,17 @@ class Runners:
                                 heads=cfg.heads, exact=cfg.exact, quant=q, quant_head=cfg.quant_head,
                                 threads=cfg.threads) for q in quants}
         self.engine = self.engines[cfg.quant]
-        self.llamacpp = {}
-        if any(m in LLAMACPP for m in cfg.methods):
-            self.llamacpp = _load_llamacpp(cfg, [m for m in cfg.methods if m in LLAMACPP])
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
-        self.hf = self.hf_draft = None
+        limits = dict(max_new_tokens=cfg.max_new_tokens, stop_at_eos=cfg.stop_at_eos)
+        self.llamacpp = None
+        if any(m in LLAMACPP for m in cfg.methods):
+            self.llamacpp = LlamaCppPeer(cfg.model, [m for m in cfg.methods if m in LLAMACPP],
+                                         cfg.threads or torch.get_num_threads(), cfg.seed,
+                                         eos=self.engine.tokenizer.eos_ids, **limits)
+        self.hf = None
         if any(m in HF for m in cfg.methods):
-            import transformers
-            from transformers import AutoModelForCausalLM
-
-            transformers.logging.set_verbosity_error()
-            transformers.utils.logging.disable_progress_bar()
-
-            dtype = DTYPES[cfg.dtype]
-            self.hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(cfg.device).eval()
-            if "hf-assisted" in cfg.methods:
-                self.hf_draft = AutoModelForCausalLM.from_pretrained(cfg.drafts[0], dtype=dtype).to(cfg.device).eval()
+            self.hf = HFPeer(model_dir, cfg.drafts[0] if "hf-assisted" in cfg.methods else None, DTYPES[cfg.dtype],
+                             cfg.device, temperature=cfg.temperature, **limits)
 
     def options(self) -> dict:
         c = self.cfg
@@ -161,7 +156,7 @@ class Runners:
             out = self.engine.generate(batch, drafter=drafter, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
         if method in LLAMACPP:
-            return self._run_llamacpp(method, batch), [None] * len(batch)
+            return self.llamacpp.run(method, batch), [None] * len(batch)
         if method not in PEERS:
             base, quant = split_method(method, self.cfg.quant)
             engine = self.engines[quant]
@@ -175,58 +170,7 @@ class Runners:
         if method == "seq-twin":
             out = self.twin.generate(batch, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
-        return self._run_hf(method, batch), [None] * len(batch)
-
-    def _run_llamacpp(self, method: str, batch: list[list[int]]) -> list[list[int]]:
-        """Greedy llama.cpp on each prompt's token ids (the same vocabulary: the same GGUF file),
-        from an empty cache each time, so it pays for its prefill as paradec does."""
-        llm = self.llamacpp[method]
-        eos = self.engine.tokenizer.eos_ids
-        out = []
-        for ids in batch:
-            llm.reset()
-            tokens: list[int] = []
-            for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
-                tokens.append(int(tok))
-                if len(tokens) >= self.cfg.max_new_tokens or (self.cfg.stop_at_eos and tok in eos):
-                    break
-            out.append(tokens)
-        return out
-
-    def _run_hf(self, method: str, batch: list[list[int]]) -> list[list[int]]:
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=self.cfg.device)  # left pad
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.cfg.device)
-        c = self.cfg
-        kw = dict(max_new_tokens=c.max_new_tokens, pad_token_id=0, attention_mask=mask,
-                  do_sample=c.temperature > 0)
-        if c.temperature > 0:
-            kw.update(temperature=c.temperature, top_k=0)
-        if not c.stop_at_eos:
-            kw["min_new_tokens"] = c.max_new_tokens
-        if method == "hf-assisted":
-            kw["assistant_model"] = self.hf_draft
-        elif method == "hf-pld":
-            kw["prompt_lookup_num_tokens"] = 10
-        with torch.inference_mode():
-            out = self.hf.generate(ids, **kw)
-        return [row[width:].tolist() for row in out]
-
-
-def _load_llamacpp(cfg: BenchConfig, names: list[str]) -> dict:
-    try:
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-    except ImportError:
-        raise ParadecError("llamacpp needs llama-cpp-python; pip install -e '.[llamacpp]' (it builds llama.cpp "
-                           "from source, ~10 minutes on 2 cores)") from None
-    threads = cfg.threads or torch.get_num_threads()
-    out = {}
-    for name in names:
-        draft = LlamaPromptLookupDecoding(num_pred_tokens=LLAMACPP_PLD_TOKENS) if name == "llamacpp-pld" else None
-        out[name] = Llama(cfg.model, n_ctx=2048, n_threads=threads, n_threads_batch=threads, draft_model=draft,
-                          verbose=False, seed=cfg.seed)
-    return out
+        return self.hf.run(method, batch), [None] * len(batch)
 
 
 def _peak_mb() -> float:
