@@ -213,6 +213,8 @@ class SpecConfig:
     prune_topk: int = 8  # keep a node iff its token is in its parent's early-head top-k
     dynamic: bool = False  # ProPD: choose the tree size each step with the cost model (propd: on)
     step_scores: bool = False  # ProPD option: score nodes by this step's head probabilities, calibrated online
+    deterministic: bool = False  # medusa/propd: a fixed-size tree from statistics that start at the prior each
+    # call, never from measured time, so a seed fixes sampled text (propd: pruning on every pass)
     title_retries: int = 3  # ASPD: times a title that repeats the plan is decoded again (0: it ends the plan)
 
     def __post_init__(self) -> None:

@@ -131,8 +131,8 @@ def _heads(target: Target, gen: GenerationConfig) -> Drafter:
     """Medusa heads propose rank paths; ProPD's policy sizes the tree (static for Medusa)."""
     spec, heads = gen.spec, target.heads
     prior = heads.rank_accuracy or rank_prior(len(heads.medusa.blocks))
-    static = None if spec.dynamic else (spec.tree_nodes if spec.tree_nodes is not None else
-                                        heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
+    static = None if spec.dynamic and not spec.deterministic else (
+        spec.tree_nodes if spec.tree_nodes is not None else heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
     lower = heads.early_layer / target.model.config.num_layers if spec.prune else None
     recalls = heads.meta.get("early_topk_recall") or [EARLY_RECALL_PRIOR]
     recall = recalls[min(spec.prune_topk, len(recalls)) - 1]
@@ -140,11 +140,14 @@ def _heads(target: Target, gen: GenerationConfig) -> Drafter:
     # on this machine, not one request: they carry over from call to call, so only the first
     # request pays for probing tree sizes.
     step_scores = spec.step_scores and static is None
-    key = (id(heads), static, lower, spec.prune_topk, step_scores)
-    if key not in target.policies:
-        target.policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall)
-    return HeadDrafter(heads, target.model.lm_head, target.policies[key], max_rank=len(prior[0]),
-                       step_scores=step_scores)
+    if spec.deterministic:  # this call's statistics only: the tree depends on the seed's draws alone
+        policy = TreePolicy(prior, static, lower_share=lower, recall=recall)
+    else:
+        key = (id(heads), static, lower, spec.prune_topk, step_scores)
+        if key not in target.policies:
+            target.policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall)
+        policy = target.policies[key]
+    return HeadDrafter(heads, target.model.lm_head, policy, max_rank=len(prior[0]), step_scores=step_scores)
 
 
 def _aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:

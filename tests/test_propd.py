@@ -82,10 +82,22 @@ def test_prune_proposal_drops_subtrees():
     assert survivors == [0, 3] and pruned.tree.tokens == (0, 3) and pruned.tree.parents == (-1, 0)
 
 
-@pytest.mark.parametrize("method", ["medusa", "propd"])
-def test_sampling_matches_target_joint(engine, method):
-    tv, bound, _, _ = two_token_joint_tv(engine, method=method)
+@pytest.mark.parametrize("opts", [dict(method="medusa"), dict(method="propd"), dict(method="propd", deterministic=True)])
+def test_sampling_matches_target_joint(engine, opts):
+    tv, bound, _, _ = two_token_joint_tv(engine, **opts)
     assert tv < bound
+
+
+@pytest.mark.parametrize("method", ["medusa", "propd"])
+def test_deterministic_mode_makes_a_seed_fix_the_text(engine, method):
+    """With deterministic=True the tree never follows measured time or other calls' statistics,
+    so a seed fixes sampled text even with other requests in between."""
+    opts = dict(method=method, temperature=0.9, seed=5, max_new_tokens=N_NEW, ignore_eos=True, deterministic=True)
+    first = engine.generate(PROMPTS4[0], **opts).token_ids
+    engine.generate(PROMPTS4[1], method="propd", temperature=0.9, max_new_tokens=N_NEW)  # moves shared statistics
+    engine.generate(PROMPTS4[2], method=method, max_new_tokens=N_NEW)
+    assert engine.generate(PROMPTS4[0], **opts).token_ids == first
+    assert engine.generate(PROMPTS4[0], **{**opts, "seed": 6}).token_ids != first  # the seed does matter
 
 
 def test_latency_model_recovers_linear_cost():

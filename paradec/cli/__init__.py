@@ -62,7 +62,7 @@ def _int_list(text: str) -> list[int]:
 SPEC_FLAGS = {"expansion": "expansion", "with_ngram": "with_ngram", "ngram": "max_ngram", "num_draft": "num_draft",
               "ngram_branches": "ngram_branches", "acceptor": "acceptor", "tree_nodes": "tree_nodes",
               "no_prune": "prune", "static_tree": "dynamic", "step_scores": "step_scores",
-              "prune_topk": "prune_topk", "title_retries": "title_retries"}
+              "prune_topk": "prune_topk", "title_retries": "title_retries", "deterministic": "deterministic"}
 
 
 def _add_spec(p: argparse.ArgumentParser) -> None:
@@ -84,6 +84,9 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-scores", action="store_true", **quiet,
                    help="propd: score tree nodes by this step's head probabilities (calibrated online), not average "
                         "rank acceptance; a tree per row")
+    p.add_argument("--deterministic", action="store_true", **quiet,
+                   help="medusa/propd: a fixed-size tree from this call's statistics, never from measured time, so "
+                        "--seed fixes sampled text (propd then prunes every pass)")
     p.add_argument("--prune-topk", type=int, **quiet,
                    help=f"propd: keep nodes in the parent's early top-k (default {d.prune_topk})")
     p.add_argument("--title-retries", type=int, **quiet,
