@@ -47,6 +47,23 @@ def llama_dir(checkpoints):
     return checkpoints["llama"]
 
 
+@pytest.fixture(scope="session")
+def drafters(tmp_path_factory, tokenizer):
+    """(a 1-layer draft model, random Medusa heads + early head) for the tiny llama: any tree they
+    propose must still give `ar`'s tokens."""
+    from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
+
+    tmp = tmp_path_factory.mktemp("drafters")
+    draft = make_checkpoint(tmp / "draft", tokenizer=tokenizer, seed=21, num_layers=1)
+    torch.manual_seed(0)
+    medusa, early = MedusaHeads(64, 3), EarlyHead(64, 1e-6)
+    for p in list(medusa.parameters()) + list(early.block.parameters()):
+        torch.nn.init.normal_(p, std=0.3)
+    save_heads(Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1], [0.1, 0.05]], "tree_nodes": 6}),
+               tmp / "heads")
+    return draft, tmp / "heads"
+
+
 # three top-level functions; the third calls the first two (ASPD extraction and data tests)
 THREE_FUNCTIONS = '''import math
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 import paradec
 from conftest import PROMPTS
@@ -17,23 +16,14 @@ from paradec.cli import build_parser, main
 from paradec.cli.common import flag_message
 from paradec.draft import DrafterHooks, DraftTree, merge
 from paradec.errors import ParadecError
-from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
-from paradec.testing import make_checkpoint
 
 N_NEW = 20
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, llama_dir, tokenizer):
-    tmp = tmp_path_factory.mktemp("methods")
-    draft = make_checkpoint(tmp / "draft", tokenizer=tokenizer, seed=21, num_layers=1)
-    torch.manual_seed(0)
-    medusa, early = MedusaHeads(64, 3), EarlyHead(64, 1e-6)
-    for p in list(medusa.parameters()) + list(early.block.parameters()):
-        torch.nn.init.normal_(p, std=0.3)
-    save_heads(Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1], [0.1, 0.05]], "tree_nodes": 6}),
-               tmp / "heads")
-    return paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=tmp / "heads")
+def engine(llama_dir, drafters):
+    draft, heads = drafters
+    return paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads)
 
 
 TREE_METHODS = [m.name for m in methods.methods() if m.lossless and m.drafter is not None]

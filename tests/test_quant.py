@@ -12,9 +12,8 @@ from torch import nn
 import paradec
 from conftest import PROMPTS
 from paradec.errors import ParadecError
-from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.models.quant import Int4Linear, Int8Linear, quantize_linears
-from paradec.testing import make_checkpoint, make_tokenizer, stdlib_text, write_gguf
+from paradec.testing import make_tokenizer, stdlib_text, write_gguf
 
 LAYERS = {"int8": Int8Linear, "int4": Int4Linear}
 
@@ -86,16 +85,9 @@ def test_q4_1_blocks_are_recovered_as_they_are(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def quant_engines(tmp_path_factory, llama_dir, tokenizer):
-    tmp = tmp_path_factory.mktemp("quant")
-    draft = make_checkpoint(tmp / "draft", tokenizer=tokenizer, seed=21, num_layers=1)
-    torch.manual_seed(0)
-    medusa, early = MedusaHeads(64, 3), EarlyHead(64, 1e-6)
-    for p in list(medusa.parameters()) + list(early.block.parameters()):
-        torch.nn.init.normal_(p, std=0.3)
-    save_heads(Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1], [0.1, 0.05]], "tree_nodes": 6}),
-               tmp / "heads")
-    return {(q, dt): paradec.load(llama_dir, dtype=dt, drafts=[draft], heads=tmp / "heads", quant=q)
+def quant_engines(llama_dir, drafters):
+    draft, heads = drafters
+    return {(q, dt): paradec.load(llama_dir, dtype=dt, drafts=[draft], heads=heads, quant=q)
             for q in ("int8", "int4") for dt in ("fp32", "bf16")}
 
 

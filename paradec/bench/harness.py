@@ -223,9 +223,22 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
                     records[-1]["parses"] = parses(tok.decode(toks))
     bar.close()
     summary = summarize(records, methods)
-    return {"config": {k: v for k, v in cfg.__dict__.items()}, "machine": machine(),
+    return {"config": {k: _portable(v) for k, v in cfg.__dict__.items()}, "machine": machine(),
             "peak_rss_mb": round(_peak_mb(), 1), "skipped_too_long": skipped, "records": records,
             "summary": summary}
+
+
+def _portable(value):
+    """A config value as results.json records it: paths under the working directory relative to
+    it, installed files by name, so results carry no machine's paths."""
+    if isinstance(value, (list, tuple)):
+        return [_portable(v) for v in value]
+    if not isinstance(value, str) or not Path(value).is_absolute():
+        return value
+    path = Path(value)
+    if path.is_relative_to(Path.cwd()):
+        return str(path.relative_to(Path.cwd()))
+    return path.name
 
 
 def encode_prompts(engine, prompts: list[Prompt], cfg: BenchConfig) -> list[tuple[Prompt, list[int]]]:
