@@ -146,11 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "zoo/aspd: zoo/aspd-seq")
     b.add_argument("--limit", type=int, default=None)
     b.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
-    b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--batch-size", type=int, default=1)
-    b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--seed", type=int, default=0)
+    bd = _bench_defaults()
+    b.add_argument("--max-new-tokens", type=int, default=bd["max_new_tokens"])
+    b.add_argument("--batch-size", type=int, default=bd["batch_size"])
+    b.add_argument("--temperature", type=float, default=bd["temperature"])
+    b.add_argument("--repeats", type=int, default=bd["repeats"])
+    b.add_argument("--seed", type=int, default=bd["seed"])
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
     b.add_argument("--expansion", type=_int_list, default=None,
                    help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)")
@@ -237,6 +238,14 @@ def cmd_convert(args: argparse.Namespace) -> None:
     if out.parent.exists() and not out.parent.is_dir():
         raise ParadecError(f"{out.parent} is not a directory; pass OUT_DIR under a directory")
     print(json.dumps({"out": str(convert_gguf(args.file, out))}))
+
+
+def _bench_defaults() -> dict:
+    import dataclasses
+
+    from paradec.bench.harness import BenchConfig
+
+    return {f.name: f.default for f in dataclasses.fields(BenchConfig) if f.default is not dataclasses.MISSING}
 
 
 def _bench_methods() -> tuple[str, ...]:
