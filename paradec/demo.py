@@ -27,11 +27,11 @@ OPTIONS = {"specinfer": {"expansion": (1, 1, 1, 1)}, "specinfer+ngram": {"expans
 
 
 def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", model: str | Path | None = None, aspd: bool = False,
-             out=sys.stdout) -> list[dict]:
+             out=sys.stdout, quant: str = "none") -> list[dict]:
     model = model if model is not None else default_gguf()
     drafts, heads = companions(model)
     print(f"paradec demo: loading {Path(str(model)).name} (a GGUF file is converted once and cached)", file=out)
-    engine = paradec.load(model, dtype=dtype, drafts=drafts[:1], heads=heads)
+    engine = paradec.load(model, dtype=dtype, drafts=drafts[:1], heads=heads, quant=quant)
     prompts = load_prompts(files("paradec") / "data" / "demo_chat.jsonl")
     chat = engine.tokenizer.has_chat_template
     convs = [[{"role": "user", "content": p.text}] if chat else p.text for p in prompts]

@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=96)
     d.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     d.add_argument("--model", default=None, help="another model directory or .gguf file")
+    d.add_argument("--quant", default="none", choices=QUANTS, help="int8 / int4 weights (every method is then "
+                   "lossless against the quantized model)")
     d.add_argument("--aspd", action="store_true", help="also run the bundled ASPD code model (hybrid decoding)")
 
     b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
@@ -299,7 +301,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     if args.max_new_tokens < 1:
         raise ParadecError("--max-new-tokens must be >= 1")
-    run_demo(args.max_new_tokens, args.dtype, args.model, args.aspd)
+    run_demo(args.max_new_tokens, args.dtype, args.model, args.aspd, quant=args.quant)
 
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo,
