@@ -218,7 +218,7 @@ class Engine:
         pos = torch.arange(width).expand(len(rows), width)
         # plain causal: a real query never sees padding, a padding query sees only finite rows
         causal = torch.ones(width, width, dtype=torch.bool).tril()[None, None]
-        self.model.hidden(tokens.to(self.device), pos.to(self.device), causal.to(self.device), cache)
+        self.model.hidden(tokens.to(self.device), pos.to(self.device), causal.to(self.device), cache, prefill=True)
         for b, n in enumerate(lengths):
             cache.advance(b, n)
 

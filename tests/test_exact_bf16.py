@@ -28,7 +28,10 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 @pytest.mark.parametrize("opts", [dict(method="specinfer", expansion=[1, 2, 1, 1]),
-                                  dict(method="pld", num_draft=6, ngram_branches=2)])
+                                  dict(method="pld", num_draft=6, ngram_branches=2),
+                                  # 63 SSM nodes + 8 prompt-lookup nodes + the root: a pass wider than 64
+                                  # rows took the fused prefill kernel until the prefill flag
+                                  dict(method="specinfer", expansion=[2, 2, 2, 2, 2], with_ngram=True, num_draft=8)])
 def test_bf16_methods_equal_ar_on_20_prompts(llama_dir, opts):
     engine = paradec.load(llama_dir, dtype="bf16", drafts=[llama_dir])  # a self draft: deep trees get accepted
     ar = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)

@@ -17,10 +17,6 @@ from torch import nn
 from paradec.config import ModelConfig
 from paradec.kv import KVCache
 
-# Passes of at most this many tokens per row (decode steps, verified trees) take the exact
-# attention path (``cached_attention``); longer ones (prefill) the fused kernel. A prefill is the
-# same for every method, so only the short passes need to agree with each other.
-EXACT_ROWS = 64
 # bf16 GEMMs on this CPU (oneDNN) give row i the same bits whatever the row count, except a
 # 1-row product with an inner dimension over this, which takes another kernel (measured).
 GEMV_INNER_LIMIT = 1024
@@ -79,7 +75,8 @@ class Attention(nn.Module):
         self.exact = True  # shape-invariant numerics for cached passes (``Transformer.set_exact``)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None, cache: KVCache | None, slots: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None, cache: KVCache | None, slots: torch.Tensor | None = None,
+                prefill: bool = False) -> torch.Tensor:
         # x: [batch, n, hidden]; cos/sin: [batch, n, 1, head_dim]; mask: [batch, 1, n, span] bool;
         # slots: [batch, n] scratch slot of each token (None: the next n)
         b, n, _ = x.shape
@@ -92,7 +89,7 @@ class Attention(nn.Module):
         v = qkv[:, :, heads + kv:].transpose(1, 2)  # [batch, kv_heads, n, head_dim]
         if cache is not None:
             k, v = cache.write(self.layer, k, v, slots)  # [batch, kv_heads, span, head_dim]
-        if cache is not None and n <= EXACT_ROWS:  # a decode step or a tree
+        if cache is not None and not prefill:  # a decode step or a tree, of any width
             out = cached_attention(q, k, v, mask) if self.exact else fast_cached_attention(q, k, v, mask)
         else:  # training, scoring, prefill: one fused kernel (causal when there is no mask)
             gqa = self.n_kv != self.n_heads
@@ -175,8 +172,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, cache, slots=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, slots)
+    def forward(self, x, cos, sin, mask, cache, slots=None, prefill=False):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, slots, prefill)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -219,15 +216,18 @@ class Transformer(nn.Module):
 
     def hidden(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                cache: KVCache | None, start: int = 0, stop: int | None = None,
-               slots: torch.Tensor | None = None) -> torch.Tensor:
+               slots: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
         """Run layers [start, stop) on x: token ids [batch, n] when start == 0, else hidden
         states [batch, n, hidden]. Returns hidden states [batch, n, hidden] (not normed).
-        ``slots`` [batch, n]: the scratch slot of each token's K/V (default: the next n)."""
+        ``slots`` [batch, n]: the scratch slot of each token's K/V (default: the next n).
+        ``prefill``: a prompt pass, the same for every method, so it takes the fused attention
+        kernel; every other cached pass (an `ar` step, a verified tree of any width) takes the
+        shape-invariant path, so a token gets the same bits in all of them."""
         if start == 0:
             x = self.embed(x)
         cos, sin = self.rope(positions, x.dtype)
         for block in self.layers[start:stop]:
-            x = block(x, cos, sin, mask, cache, slots)
+            x = block(x, cos, sin, mask, cache, slots, prefill)
         return x
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -241,10 +241,10 @@ class Transformer(nn.Module):
         return linear(self.lm_head, hn, self.exact), hn
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, cache: KVCache | None = None, prefill: bool = False) -> torch.Tensor:
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
-        return self.logits(self.hidden(tokens, positions, mask, cache))
+        return self.logits(self.hidden(tokens, positions, mask, cache, prefill=prefill))
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.embed.weight

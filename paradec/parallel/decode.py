@@ -297,7 +297,7 @@ def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tok
     rows = [_RowDecoder(sp, p, max_new_tokens, eos, vocab, max_branch_tokens, title_retries) for p in prompts]
     cache = model.new_cache(len(prompts), max(len(p) for p in prompts) + 4 * max_new_tokens + 64)
 
-    def forward(items: list[list[_Item]]) -> torch.Tensor:
+    def forward(items: list[list[_Item]], prefill: bool = False) -> torch.Tensor:
         """One pass: row r's items go to its next len(items[r]) slots and are committed."""
         n = max(len(it) for it in items)
         starts = cache.starts()
@@ -314,7 +314,7 @@ def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tok
                     rows[r].stats.trace.append((it.token, it.position, vis, it.branch))
             for i in range(len(its), n):  # padding: sees its own slot only, never committed
                 mask[r, 0, i, starts[r] + i] = True
-        logits = model(x.to(dev), pos.to(dev), mask.to(dev), cache)  # [batch, n, vocab]
+        logits = model(x.to(dev), pos.to(dev), mask.to(dev), cache, prefill)  # [batch, n, vocab]
         for r, its in enumerate(items):
             cache.advance(r, len(its))
         return logits
@@ -322,7 +322,7 @@ def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tok
     with torch.inference_mode():
         prefill = [[_Item(t, i, i + 1, []) for i, t in enumerate(p[:-1])] for p in prompts]
         if any(prefill):  # all but the last token, like the main engine
-            forward(prefill)
+            forward(prefill, prefill=True)
         while True:
             items = [row.items(cache.lengths[r]) for r, row in enumerate(rows)]
             if not any(items):
