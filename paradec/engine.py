@@ -108,12 +108,12 @@ class Engine:
         """Yield the text of one prompt piece by piece as it is committed (same options as
         ``generate``). The pieces concatenate to ``generate(prompt, ...).text``."""
         gen = self.config(**options)
-        decode = methods.get(gen.method).decode
-        if decode is not None:
-            # A method with its own loop (ASPD: branches decode interleaved, and the plain text
-            # exists in plan order only once the hybrid decoder is done) streams its text in one
-            # piece (buffered).
-            text = decode(self, [self._encode(prompt, chat)], gen)[0].text
+        method = methods.get(gen.method)
+        if method.stream is not None:  # a method with its own loop (ASPD) streams through it
+            yield from method.stream(self, self._encode(prompt, chat), gen)
+            return
+        if method.decode is not None:  # one without a stream of its own: its text in one piece
+            text = method.decode(self, [self._encode(prompt, chat)], gen)[0].text
             if text:
                 yield text
             return

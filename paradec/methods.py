@@ -44,6 +44,7 @@ class Method:
     summary: str  # one line, shown by `paradec generate --help` and the README's table
     drafter: Callable[[Target, GenerationConfig], Drafter] | None = None  # the shared loop's proposer
     decode: Callable | None = None  # (engine, prompt ids, gen) -> [Generation]: a method with its own loop
+    stream: Callable | None = None  # (engine, one prompt's ids, gen) -> Iterator[str]: its own loop, streamed
     needs: tuple[str, ...] = ()  # a subset of NEEDS
     options: Mapping[str, object] = field(default_factory=dict)  # SpecConfig defaults this method sets
     acceptors: tuple[str, ...] = ACCEPTORS  # sampling acceptors it supports (greedy: always exact match)
@@ -151,9 +152,15 @@ def _heads(target: Target, gen: GenerationConfig) -> Drafter:
 
 
 def _aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:
-    from paradec.parallel.decode import generate_aspd
+    from paradec.parallel.generate import generate_aspd
 
     return generate_aspd(engine, prompts, gen)
+
+
+def _aspd_stream(engine, prompt: list[int], gen: GenerationConfig):
+    from paradec.parallel.generate import stream_aspd
+
+    return stream_aspd(engine, prompt, gen)
 
 
 PROPD = {"prune": True, "dynamic": True}
@@ -180,8 +187,8 @@ for _m in (
            needs=("heads", "early_head"), options={**PROPD, "step_scores": True}),
     # an ASPD model's own output (fine-tuned with branch tokens), not the base model's: not lossless
     Method("aspd", "ASPD: hybrid serial/parallel decoding of an ASPD model's branches", decode=_aspd,
-           needs=("aspd_model",), acceptors=(), lossless=False),
+           stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False),
     Method("aspd-r0", "ASPD, a title that repeats the plan ends it (no retries)", decode=_aspd,
-           needs=("aspd_model",), acceptors=(), lossless=False, options={"title_retries": 0}),
+           stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False, options={"title_retries": 0}),
 ):
     register(_m)

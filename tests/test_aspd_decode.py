@@ -116,8 +116,8 @@ class _Scripted:
         self.model, self.script = model, list(script)
         self.embed, self.config, self.new_cache = model.embed, model.config, model.new_cache
 
-    def __call__(self, x, pos, mask, cache):
-        logits = self.model(x, pos, mask, cache)
+    def __call__(self, x, pos, mask, cache, prefill=False):
+        logits = self.model(x, pos, mask, cache, prefill)
         if x.shape[1] == 1 and self.script:
             logits[0, 0, self.script.pop(0)] = 1e4
         return logits
@@ -167,6 +167,17 @@ def _assert_trace_is_training_layout(sp, prompt, new, stats):
         assert sorted(slot_to_flat[v] for v in vis) == lay.mask[i].nonzero().flatten().tolist()
 
 
+def test_stream_shows_branches_in_plan_order_while_they_decode(aspd_engine):
+    """A plan of three branches: the stream shows the first branch live and each later one once
+    the ones before it are done; the pieces are `generate`'s text, and come step by step."""
+    ids = _prompt(aspd_engine)
+    full = aspd_engine.generate(ids, method="aspd", max_new_tokens=60, ignore_eos=True)
+    assert full.stats.extra["branches"] == 3
+    pieces = list(aspd_engine.stream(ids, method="aspd", max_new_tokens=60, ignore_eos=True))
+    assert "".join(pieces) == full.text
+    assert len(pieces) > 3  # not one buffered piece, nor one per branch
+
+
 def test_stream_is_generate_and_stop_strings_end_the_text(aspd_engine):
     prompt = "def area(r):\n    return 3.14 * r * r\n\n\n"
     full = aspd_engine.generate(prompt, method="aspd", max_new_tokens=40, ignore_eos=True)
@@ -175,3 +186,4 @@ def test_stream_is_generate_and_stop_strings_end_the_text(aspd_engine):
     stop = full.text.strip()[:2]
     cut = aspd_engine.generate(prompt, method="aspd", max_new_tokens=40, ignore_eos=True, stop=[stop])
     assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == "stop"
+    assert "".join(aspd_engine.stream(prompt, method="aspd", max_new_tokens=40, ignore_eos=True, stop=[stop])) == cut.text

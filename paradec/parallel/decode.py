@@ -15,6 +15,7 @@ re-prefill, no KV copy. Greedy (branches and serial text alike).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -224,6 +225,26 @@ class _RowDecoder:
         self.new.append(self.sp.end_para)
         self.root, self.just_merged, self.parallel = self.sp.end_para, True, False
 
+    def visible(self) -> list[int]:
+        """The marked-up new tokens that are final already, in plan order: the serial text up to
+        a plan still being decoded (its titles may be rolled back), then in a parallel group the
+        finished branches and the first unfinished one once its forced ``<|branch|>TITLE:`` is
+        in; a later branch shows when every branch before it is done. Always a prefix of the
+        final ``new`` (a group merges its branches in this order)."""
+        new, sp = self.new, self.sp
+        if not self.parallel:
+            start = _last_index(new, sp.end_para) + 1 if sp.end_para in new else 0
+            plan = next((i for i in range(start, len(new)) if new[i] == sp.title), len(new))
+            return new[:plan]
+        out = list(new)
+        for tokens, forced in zip(self.branch_tokens, self.forced):
+            if len(tokens) < len(forced):
+                break
+            out.extend(tokens)
+            if tokens[-1] != sp.end_branch:
+                break
+        return out
+
     # ---- what came out ---------------------------------------------------------------------
     def consume(self, logits: torch.Tensor) -> None:
         """logits [len(fed items), vocab] of the pass that fed ``self.fed_items``."""
@@ -284,13 +305,11 @@ class _RowDecoder:
             self.branch_tokens[i].append(nxt)
 
 
-def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
-                      record: bool = False, max_branch_tokens: int = 512,
-                      title_retries: int = 3) -> list[tuple[list[int], AspdStats]]:
-    """Greedy ASPD decoding of a batch: one forward pass per step for all rows, each row in its
+def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
+               record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3) -> Iterator[list["_RowDecoder"]]:
+    """Greedy ASPD decoding of a batch, one forward pass per step for all rows, each row in its
     own mode (serial: one token; parallel: one token per active branch), padded to the widest.
-    Returns per prompt the marked-up new tokens (titles, markers and branches in branch order —
-    the flattened sequence the model was trained on) and stats."""
+    Yields the rows after every pass (``_RowDecoder.visible`` is what a stream may show)."""
     dev = model.embed.weight.device
     vocab = model.config.vocab_size
     t0 = time.perf_counter()
@@ -335,11 +354,22 @@ def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tok
                     cache.truncate(r, row.truncate_to)
                     del row.stats.trace[row.truncate_to:]  # the trace is per cache slot
                     row.truncate_to = None
-    wall = time.perf_counter() - t0
+            for row in rows:
+                row.stats.wall_s = time.perf_counter() - t0
+            yield rows
+
+
+def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
+                      record: bool = False, max_branch_tokens: int = 512,
+                      title_retries: int = 3) -> list[tuple[list[int], AspdStats]]:
+    """``aspd_steps`` to the end. Returns per prompt the marked-up new tokens (titles, markers
+    and branches in branch order: the flattened sequence the model was trained on) and stats."""
+    rows = []
+    for rows in aspd_steps(model, sp, prompts, max_new_tokens, eos, record, max_branch_tokens, title_retries):
+        pass
     out = []
     for row in rows:
         row.stats.new_tokens = len(row.new[:max_new_tokens])
-        row.stats.wall_s = wall
         out.append((row.new[:max_new_tokens], row.stats))
     return out
 
@@ -348,29 +378,3 @@ def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos
                 record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3) -> tuple[list[int], AspdStats]:
     """``aspd_decode_batch`` for one prompt."""
     return aspd_decode_batch(model, sp, [prompt], max_new_tokens, eos, record, max_branch_tokens, title_retries)[0]
-
-
-def generate_aspd(engine, prompts: list[list[int]], gen):
-    """``Engine.generate(method="aspd")``: greedy hybrid decoding of a batch, plain text out."""
-    from paradec.parallel.markup import strip_markup
-    from paradec.state import Generation, Stats
-
-    hf = engine.tokenizer.hf
-    sp = Specials.from_tokenizer(hf)
-    eos = frozenset() if gen.ignore_eos else engine.tokenizer.eos_ids
-    budget = min(gen.max_new_tokens, engine.model.config.context_length - max(len(p) for p in prompts))
-    out = []
-    for ids, st in aspd_decode_batch(engine.model, sp, prompts, budget, eos, title_retries=gen.spec.title_retries):
-        text = strip_markup(hf.decode(ids, skip_special_tokens=False))
-        for special in hf.all_special_tokens:  # EOS and any other leftovers
-            text = text.replace(special, "")
-        stats = Stats("aspd", new_tokens=len(ids), steps=st.steps, wall_s=st.wall_s,
-                      extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
-                             "groups": st.groups, "branches": st.branches,
-                             "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
-        reason = "eos" if ids and ids[-1] in eos else "length"
-        cut = min((text.find(s) for s in gen.stop if s in text), default=-1)
-        if cut >= 0:  # stop strings end the plain text (the decode itself ran to its end)
-            text, reason = text[:cut], "stop"
-        out.append(Generation(text, ids, reason, stats))
-    return out

@@ -1,0 +1,82 @@
+"""ASPD behind ``Engine.generate`` / ``Engine.stream``: the hybrid decoder's marked-up tokens
+as the plain text users read (titles and markers dropped, branches in plan order).
+
+Streaming shows text in plan order as it becomes final: serial text as it is decoded, and in
+a parallel group the first unfinished branch live, while later branches are buffered until
+every branch before them is done (``_RowDecoder.visible``). A plan's titles never show. The
+pieces concatenate to ``generate``'s text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from paradec.parallel.decode import Specials, aspd_decode_batch, aspd_steps
+from paradec.parallel.markup import strip_markup
+from paradec.state import Generation, Stats
+
+
+def _plain(hf, ids: list[int]) -> str:
+    """Marked-up token ids -> the text a user reads."""
+    text = strip_markup(hf.decode(ids, skip_special_tokens=False))
+    for special in hf.all_special_tokens:  # EOS and any other leftovers
+        text = text.replace(special, "")
+    return text
+
+
+def _first_stop(text: str, stop: tuple[str, ...]) -> int:
+    return min((text.find(s) for s in stop if s in text), default=-1)
+
+
+def _setup(engine, prompts: list[list[int]], gen) -> tuple[Specials, frozenset, int]:
+    sp = Specials.from_tokenizer(engine.tokenizer.hf)
+    eos = frozenset() if gen.ignore_eos else engine.tokenizer.eos_ids
+    budget = min(gen.max_new_tokens, engine.model.config.context_length - max(len(p) for p in prompts))
+    return sp, eos, budget
+
+
+def generate_aspd(engine, prompts: list[list[int]], gen) -> list[Generation]:
+    """``Engine.generate(method="aspd")``: greedy hybrid decoding of a batch, plain text out."""
+    hf = engine.tokenizer.hf
+    sp, eos, budget = _setup(engine, prompts, gen)
+    out = []
+    for ids, st in aspd_decode_batch(engine.model, sp, prompts, budget, eos, title_retries=gen.spec.title_retries):
+        text = _plain(hf, ids)
+        stats = Stats("aspd", new_tokens=len(ids), steps=st.steps, wall_s=st.wall_s,
+                      extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
+                             "groups": st.groups, "branches": st.branches,
+                             "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
+        reason = "eos" if ids and ids[-1] in eos else "length"
+        cut = _first_stop(text, gen.stop)
+        if cut >= 0:  # stop strings end the plain text (the decode itself ran to its end)
+            text, reason = text[:cut], "stop"
+        out.append(Generation(text, ids, reason, stats))
+    return out
+
+
+def stream_aspd(engine, prompt: list[int], gen) -> Iterator[str]:
+    """``Engine.stream(method="aspd")``: the text of one prompt in plan order, piece by piece.
+    Holds back what a stop string or an unfinished UTF-8 sequence may still change; a stop
+    string ends the stream (and the decode)."""
+    hf = engine.tokenizer.hf
+    sp, eos, budget = _setup(engine, [prompt], gen)
+    hold = max((len(s) for s in gen.stop), default=1) - 1
+    sent, text, rows = 0, "", []
+    for rows in aspd_steps(engine.model, sp, [prompt], budget, eos, title_retries=gen.spec.title_retries):
+        text = _plain(hf, rows[0].visible()[:budget])
+        cut = _first_stop(text, gen.stop)
+        if cut >= 0:
+            text = text[:cut]
+            break
+        safe = max(sent, len(text) - hold)
+        while safe > sent and text[safe - 1] == "\ufffd":
+            safe -= 1
+        if safe > sent:
+            yield text[sent:safe]
+            sent = safe
+    else:
+        text = _plain(hf, rows[0].new[:budget]) if rows else ""
+        cut = _first_stop(text, gen.stop)
+        text = text[:cut] if cut >= 0 else text
+    if len(text) > sent:
+        yield text[sent:]
