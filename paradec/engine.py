@@ -1,15 +1,15 @@
-"""The decode loop every method shares, and the user-facing ``Engine``.
+"""The user-facing ``Engine``: loading, ``generate``, ``stream``, options.
 
     prompt -> prefill -> loop { propose a token tree -> verify it in one target pass
                                 -> accept a path + bonus -> commit the accepted K/V } -> text
 
-``ar`` is the same loop with a root-only tree. Methods differ only in the drafter that
+The loop is ``paradec.scheduler`` (the server runs the same one with requests coming and
+going). ``ar`` is the loop with a root-only tree. Methods differ only in the drafter that
 proposes trees and the acceptance rule (``paradec.verify``).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -17,20 +17,16 @@ import torch
 
 from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
 from paradec import methods
-from paradec.draft import Drafter, Proposal
+from paradec.draft import Drafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.gguf import resolve_model
 from paradec.models.heads import Heads, load_heads
 from paradec.models.quant import QUANTS, quantize_linears
 from paradec.policy import TreePolicy
-from paradec.sampling import greedy
-from paradec.state import Generation, Row, Stats, StepEvent, Verification
+from paradec.scheduler import Scheduler
+from paradec.state import Generation, Row, Stats, StepEvent
 from paradec.tokenizer import Tokenizer, load_tokenizer
-from paradec.tree import ScratchTree, pass_tensors
-from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
-from paradec.verify.prune import pruned_pass
-from paradec.verify.typical import accept_typical
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
@@ -118,19 +114,27 @@ class Engine:
                 yield text
             return
         rows = self._rows([self._encode(prompt, chat)], gen)
-        hold = max((len(s) for s in gen.stop), default=1) - 1  # a stop string may be mid-way
         sent = 0
         for _ in self._decode(rows, gen):
-            text = self._visible_text(rows[0], gen)
-            safe = len(text) if rows[0].done else max(sent, len(text) - hold)
-            while safe > sent and text[safe - 1] == "\ufffd":  # an unfinished UTF-8 sequence
-                safe -= 1
-            if safe > sent:
-                yield text[sent:safe]
-                sent = safe
-        text = self._visible_text(rows[0], gen)
-        if len(text) > sent:
-            yield text[sent:]
+            piece, sent = self.text_delta(rows[0], gen, sent)
+            if piece:
+                yield piece
+        rest = self._visible_text(rows[0], gen)[sent:]
+        if rest:
+            yield rest
+
+    def text_delta(self, row: Row, gen: GenerationConfig, sent: int) -> tuple[str, int]:
+        """The text of ``row`` that is final past the first ``sent`` characters, and the new
+        count. Holds back what a stop string or an unfinished UTF-8 sequence may still change,
+        until the row is done; the pieces concatenate to ``generate``'s text."""
+        text = self._visible_text(row, gen)
+        if row.done:
+            return text[sent:], max(sent, len(text))
+        hold = max((len(s) for s in gen.stop), default=1) - 1  # a stop string may be mid-way
+        safe = max(sent, len(text) - hold)
+        while safe > sent and text[safe - 1] == "\ufffd":  # an unfinished UTF-8 sequence
+            safe -= 1
+        return text[sent:safe], safe
 
     def config(self, method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
@@ -159,122 +163,16 @@ class Engine:
         self.generate(ids, max_new_tokens=2, ignore_eos=True)
         self.generate(ids, method="pld", max_new_tokens=4, ignore_eos=True)
 
-    # ---- the loop ---------------------------------------------------------------------------
+    # ---- the loop (paradec.scheduler) ------------------------------------------------------
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter: Drafter | None = None) -> Iterator[StepEvent]:
-        start = time.perf_counter()
+        """Decode ``rows`` as one group on a scheduler of their own; yields each step's events."""
         drafter = drafter or methods.get(gen.method).drafter(self, gen)
         max_len = max(len(r.tokens) + r.budget for r in rows) + 1  # budgets are capped at the context
-        cache = self.model.new_cache(len(rows), max_len + drafter.max_nodes)
-        with torch.inference_mode():
-            self._prefill(rows, cache)
-            drafter.begin([r.tokens for r in rows], max_len)
-            prefill_s = time.perf_counter() - start
-            for row in rows:
-                row.stats.prefill_s = prefill_s
-            while not all(row.done for row in rows):
-                t_step = time.perf_counter()
-                # propose -> verify (one target pass) -> accept -> commit -> observe
-                proposals = drafter.propose([r.tokens for r in rows], [r.generator for r in rows])
-                drafted = [len(p.tree) for p in proposals]
-                t_fwd = time.perf_counter()
-                ver = self._verify(proposals, cache, gen, drafter.prune_next)
-                if ver.logits.device.type == "cuda":
-                    torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
-                t_fwd = time.perf_counter() - t_fwd
-                verdicts = self._accept(ver.proposals, ver.logits, rows, gen)
-                for b, (row, prop, verdict) in enumerate(zip(rows, ver.proposals, verdicts)):
-                    if row.done:
-                        continue
-                    accepted = [prop.tree.tokens[n] for n in verdict.nodes[1:]]
-                    committed = self._append(row, accepted + [verdict.bonus], gen)
-                    nodes = verdict.nodes[: len(committed)]  # EOS / budget may cut the path
-                    cache.commit(b, [ver.slot(b, n) for n in nodes])
-                    drafter.commit(b, accepted, verdict.bonus, ver.hidden[b, verdict.nodes[-1]])
-                    if ver.early_top is not None:
-                        # was the target's next token in the early head's top-k at the last node?
-                        top = ver.early_top[b].get(ver.slot(b, verdict.nodes[-1]))
-                        if top is not None:
-                            drafter.observe_recall(verdict.bonus in top)
-                    row.stats.steps += 1
-                    row.stats.target_s += t_fwd
-                    row.stats.nodes += drafted[b]
-                    row.stats.verified += len(prop.tree)
-                    row.stats.record(max(prop.tree.depths), len(accepted))
-                    if row.done:
-                        row.stats.wall_s = time.perf_counter() - start
-                    yield StepEvent(b, committed)
-                drafter.step_done(len(rows), max(drafted), max(len(p.tree) for p in ver.proposals),
-                                  time.perf_counter() - t_step, ver.early_top is not None)
-
-    def _prefill(self, rows: list[Row], cache) -> None:
-        """Put every token but the root of each row into the cache (right-padded batch)."""
-        lengths = [len(r.tokens) - 1 for r in rows]
-        width = max(lengths)
-        if width == 0:
-            return
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, row in enumerate(rows):
-            tokens[b, : lengths[b]] = torch.tensor(row.tokens[:-1])
-        pos = torch.arange(width).expand(len(rows), width)
-        # plain causal: a real query never sees padding, a padding query sees only finite rows
-        causal = torch.ones(width, width, dtype=torch.bool).tril()[None, None]
-        self.model.hidden(tokens.to(self.device), pos.to(self.device), causal.to(self.device), cache, prefill=True)
-        for b, n in enumerate(lengths):
-            cache.advance(b, n)
-
-    def _verify(self, proposals: list[Proposal], cache, gen: GenerationConfig, prune: bool = True) -> Verification:
-        """One target pass over every row's tree (pruned inside the pass for ProPD, when the
-        method prunes and its policy says pruning pays this step)."""
-        heads = self.heads
-        if (prune and gen.spec.prune and heads is not None and heads.early is not None
-                and max(len(p.tree) for p in proposals) > 1):
-            return Verification(*pruned_pass(self.model, heads.early, heads.early_layer, gen.spec.prune_topk,
-                                             proposals, cache))
-        logits, hidden = self._verify_forward([p.tree for p in proposals], cache)
-        return Verification(proposals, logits, hidden)
-
-    def _verify_forward(self, trees, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """One target pass: logits [batch, width, vocab], normed hidden [batch, width, hidden]."""
-        width = max(len(t) for t in trees)
-        rows = [ScratchTree.from_tree(t, width) for t in trees]
-        tokens, pos, mask = pass_tensors(rows, 0, width, cache.lengths)
-        dev = self.device
-        h = self.model.hidden(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), cache)
-        return self.model.normed_logits(h)
-
-    def _accept(self, proposals: list[Proposal], logits: torch.Tensor, rows: list[Row],
-                gen: GenerationConfig) -> list[Verdict]:
-        if gen.sampling.greedy:
-            target_next = greedy(logits).tolist()  # host sync: the loop needs the tokens
-            return [accept_greedy(p.tree, nxt) for p, nxt in zip(proposals, target_next)]
-        logits = logits.float()
-        if gen.spec.acceptor == "typical":
-            eps, delta = gen.spec.typical_epsilon, gen.spec.typical_delta
-            return [accept_typical(p, logits[b, : len(p.tree)], gen.sampling, eps, delta, row.generator)
-                    for b, (p, row) in enumerate(zip(proposals, rows))]
-        rule = accept_mss if gen.spec.acceptor == "mss" else accept_naive
-        return [rule(p, logits[b, : len(p.tree)], gen.sampling, row.generator)
-                for b, (p, row) in enumerate(zip(proposals, rows))]
-
-    def _append(self, row: Row, new: list[int], gen: GenerationConfig) -> list[int]:
-        """Add committed tokens to ``row`` and apply EOS, stop strings and the length budget."""
-        new = new[: row.budget]
-        if not gen.ignore_eos:
-            for i, tok in enumerate(new):
-                if tok in self.tokenizer.eos_ids:
-                    new = new[: i + 1]
-                    row.done, row.finish_reason = True, "eos"
-                    break
-        row.tokens.extend(new)
-        row.budget -= len(new)
-        row.stats.new_tokens += len(new)
-        if gen.stop and not row.done:
-            text = self.tokenizer.decode(row.new_ids)
-            if any(s in text for s in gen.stop):
-                row.done, row.finish_reason = True, "stop"
-        if row.budget <= 0:
-            row.done = True
-        return new
+        scheduler = Scheduler(self, len(rows), max_len + drafter.max_nodes)
+        scheduler.admit(rows, gen, drafter)
+        while scheduler.groups:
+            for _, event in scheduler.step():
+                yield event
 
     # ---- edges ------------------------------------------------------------------------------
     def _encode(self, prompt: str | list[int] | list[dict], chat: bool) -> list[int]:

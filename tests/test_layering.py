@@ -16,9 +16,10 @@ LAYERS = [
     {"models", "policy"},  # the runtime; ProPD's cost model
     {"draft", "verify", "parallel"},  # proposing, accepting, ASPD's decoder
     {"methods"},  # the method registry: drafter factories and what each method needs
-    {"engine"},  # the loop
+    {"scheduler"},  # the loop: groups of rows on one KV cache
+    {"engine"},  # loading, generate/stream
     {"train", "testing"},  # recipes and test fixtures use the engine as users do
-    {"bench"},
+    {"bench", "serve"},  # users of the engine: benchmarks, the OpenAI-compatible server
     {"demo", "chat", "cli", "__init__", "__main__"},  # entry points
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import paradec
+from paradec.scheduler import prefill, verify_forward
 import paradec.state
 from conftest import PROMPTS, two_token_joint_tv
 from paradec.draft import merge
@@ -65,13 +66,13 @@ def test_pruned_pass_equals_full_pass_over_pruned_tree(engine):
     prop = merge(prompt[-1], [draft])
     with torch.inference_mode():
         cache = engine.model.new_cache(1, 64)
-        engine._prefill([paradec.state.Row(list(prompt), len(prompt), None, None)], cache)
+        prefill(engine.model, [paradec.state.Row(list(prompt), len(prompt), None, None)], cache)
         pruned, logits, _, slots, _ = pruned_pass(engine.model, engine.heads.early, 1, 256, [prop], cache)
         kept = pruned[0].tree
         assert 1 < len(kept) < len(prop.tree)  # the test needs a partial pruning
         fresh = engine.model.new_cache(1, 64)
-        engine._prefill([paradec.state.Row(list(prompt), len(prompt), None, None)], fresh)
-        full, _ = engine._verify_forward([kept], fresh)
+        prefill(engine.model, [paradec.state.Row(list(prompt), len(prompt), None, None)], fresh)
+        full, _ = verify_forward(engine.model, [kept], fresh)
     assert (logits[0, : len(kept)] - full[0]).abs().max() <= 1e-4
     assert [prop.tree.tokens[s] for s in slots[0]] == list(kept.tokens)
 

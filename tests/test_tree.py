@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import paradec
+from paradec.scheduler import prefill, verify_forward
 import paradec.state
 from paradec.tree import ScratchTree, TokenTree, pass_tensors
 
@@ -34,7 +35,7 @@ def test_derivations():
 
 def _prefill(engine, prompt):
     cache = engine.model.new_cache(1, 64)
-    engine._prefill([paradec.state.Row(list(prompt), len(prompt), None, None)], cache)
+    prefill(engine.model, [paradec.state.Row(list(prompt), len(prompt), None, None)], cache)
     return cache
 
 
@@ -43,7 +44,7 @@ def test_tree_logits_equal_path_logits(checkpoints):
     prompt = [5, 60, 7, 200, 31, 10]  # the last token is the root
     with torch.inference_mode():
         cache = _prefill(engine, prompt)
-        tree_logits = engine._verify_forward([TREE], cache)[0][0]  # [nodes, vocab]
+        tree_logits = verify_forward(engine.model, [TREE], cache)[0][0]  # [nodes, vocab]
         for path in TREE.leaf_paths():
             seq = torch.tensor([prompt[:-1] + [TREE.tokens[i] for i in path]])
             ref = engine.model(seq)[0, len(prompt) - 1:]
@@ -56,10 +57,10 @@ def test_commit_path_then_step_equals_fresh_prefill(checkpoints):
     path = [0, 2, 7, 8]
     with torch.inference_mode():
         cache = _prefill(engine, prompt)
-        engine._verify_forward([TREE], cache)
+        verify_forward(engine.model, [TREE], cache)
         cache.commit(0, path[:-1])  # keep root, 2, 7; node 8 becomes the new root
         root = TREE.tokens[path[-1]]
-        after = engine._verify_forward([TokenTree.root_only(root)], cache)[0][0, 0]
+        after = verify_forward(engine.model, [TokenTree.root_only(root)], cache)[0][0, 0]
         seq = prompt[:-1] + [TREE.tokens[i] for i in path]
         fresh = engine.model(torch.tensor([seq]))[0, -1]
     assert cache.lengths == [len(seq) - 1]
@@ -73,9 +74,9 @@ def test_batched_trees_do_not_see_each_other(checkpoints):
     with torch.inference_mode():
         cache = engine.model.new_cache(2, 64)
         rows = [paradec.state.Row(list(p), len(p), None, None) for p in prompts]
-        engine._prefill(rows, cache)
-        both = engine._verify_forward(trees, cache)[0]
+        prefill(engine.model, rows, cache)
+        both = verify_forward(engine.model, trees, cache)[0]
         for b, (p, t) in enumerate(zip(prompts, trees)):
             solo_cache = _prefill(engine, p)
-            solo = engine._verify_forward([t], solo_cache)[0][0]
+            solo = verify_forward(engine.model, [t], solo_cache)[0][0]
             assert (both[b, : len(t)] - solo).abs().max() <= 1e-4

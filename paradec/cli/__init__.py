@@ -124,6 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(c)
     _add_spec(c)
 
+    sv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching; /v1/completions, "
+                                      "/v1/chat/completions, /v1/models, /health, /metrics)")
+    _add_model(sv)
+    sv.add_argument("--method", default="ar", choices=[m.name for m in methods.methods() if m.drafter],
+                    metavar="METHOD", help="the default method; a request may name another in its `method` field")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-batch", type=int, default=8, help="requests decoding together (KV cache rows)")
+    sv.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; more get 429")
+    sv.add_argument("--max-tokens-limit", type=int, default=4096, help="the largest max_tokens a request may ask")
+    sv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/ routes")
+    sv.add_argument("--model-name", default=None, help="the model id clients send (default: the model file's name)")
+
     cv = sub.add_parser("convert", help="convert a model file to a Hugging Face directory")
     cvsub = cv.add_subparsers(dest="what", required=True, parser_class=Parser)
     cg = cvsub.add_parser("gguf", help="GGUF (llama/mistral/qwen2; F32..Q8_0, Q4_K..Q6_K) -> HF directory")
@@ -231,6 +244,25 @@ def cmd_chat(args: argparse.Namespace) -> None:
     chat_loop(engine, _generation_options(args), args.system)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    import paradec
+
+    try:
+        from paradec.serve import run
+    except ImportError as exc:
+        raise ParadecError(f"the server needs {exc.name}; install it with pip install -e \".[serve]\"") from None
+    if args.max_batch < 1 or args.max_queue < 0 or not 0 < args.port < 65536:
+        raise ParadecError("--max-batch must be >= 1, --max-queue >= 0 and --port in 1..65535")
+    needs = {n for m in methods.methods() if m.drafter for n in m.needs}  # a request may ask any method
+    model, drafts, heads = _model_and_drafters(args, needs | set(methods.get(args.method).needs))
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
+                          exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
+                          threads=args.threads)
+    name = args.model_name or Path(str(model)).name
+    run(engine, name, host=args.host, port=args.port, method=args.method, max_batch=args.max_batch,
+        max_queue=args.max_queue, api_key=args.api_key, max_tokens_limit=args.max_tokens_limit)
+
+
 def cmd_convert(args: argparse.Namespace) -> None:
     from paradec.models.gguf import convert_gguf
 
@@ -305,6 +337,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo,
+            "serve": cmd_serve,
             "bench": cmd_bench, "aspd": cmd_aspd}
 
 

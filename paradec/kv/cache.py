@@ -11,28 +11,69 @@ growing its tree level by level) sees them.
 Example: lengths=[5]; a 4-node tree is written to slots 5..8; ``commit(0, [0, 2])`` copies
 slot 7 to slot 6 and sets lengths=[7]. Slots past ``lengths`` are garbage and never attended:
 the attention mask of every pass allows only ``[0, lengths[b])`` plus the new tokens.
+
+Rows come and go (continuous batching): the tensors hold ``capacity`` rows, of which the first
+``batch`` are live; ``add_rows`` appends rows, ``remove_rows`` drops some and moves the later
+rows down, and ``rows(start, n)`` is a view of some rows for a pass over them alone (a prefill).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
 
 class KVCache:
     def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype, device: torch.device | str = "cpu", live: int | None = None) -> None:
         shape = (num_layers, batch, kv_heads, max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, batch, kv_heads, max_len, head_dim]
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, capacity, kv_heads, max_len, head_dim]
         self.values = torch.zeros(shape, dtype=dtype, device=device)  # same
         self.max_len = max_len
         # Committed length per row, kept on the host: every step needs it to build positions and
         # masks, and a device tensor would cost a sync per step.
-        self.lengths: list[int] = [0] * batch
-        self.scratch: list[int] = [0] * batch  # uncommitted rows already written, per row
+        self.lengths: list[int] = [0] * (batch if live is None else live)
+        self.scratch: list[int] = [0] * len(self.lengths)  # uncommitted rows already written, per row
 
     @property
     def batch(self) -> int:
+        """Live rows: the first ``batch`` of ``capacity``."""
         return len(self.lengths)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[1]
+
+    def add_rows(self, n: int) -> int:
+        """n empty rows after the live ones; returns the first one's index."""
+        first = self.batch
+        if first + n > self.capacity:
+            raise RuntimeError(f"KV cache has room for {self.capacity} rows, {first} are in use, {n} more asked")
+        self.lengths += [0] * n
+        self.scratch += [0] * n
+        return first
+
+    def remove_rows(self, start: int, n: int) -> None:
+        """Drop rows [start, start + n); the later rows move down n places (their used slots only)."""
+        end, batch = start + n, self.batch
+        used = max(self.lengths[end:], default=0)
+        if end < batch and used:
+            for store in (self.keys, self.values):
+                store[:, start: batch - n, :, :used] = store[:, end:batch, :, :used].clone()
+        del self.lengths[start:end], self.scratch[start:end]
+
+    @contextmanager
+    def rows(self, start: int, n: int) -> Iterator["KVCache"]:
+        """A cache of rows [start, start + n) only, sharing this one's storage, for a pass over
+        them alone; their lengths are written back on exit."""
+        sub = KVCache.__new__(KVCache)
+        sub.keys, sub.values = self.keys[:, start:start + n], self.values[:, start:start + n]
+        sub.max_len = self.max_len
+        sub.lengths, sub.scratch = self.lengths[start:start + n], self.scratch[start:start + n]
+        yield sub
+        self.lengths[start:start + n], self.scratch[start:start + n] = sub.lengths, sub.scratch
 
     def starts(self) -> list[int]:
         """Where the next pass writes, per row: committed length + scratch rows."""
@@ -51,8 +92,8 @@ class KVCache:
         Returns the keys/values to attend over, [batch, kv_heads, span, head_dim]. Which of
         those slots a query may see is the mask's business (``paradec.tree.pass_tensors``).
         """
-        n = k.shape[2]
-        ks, vs = self.keys[layer], self.values[layer]
+        n, batch = k.shape[2], self.batch
+        ks, vs = self.keys[layer, :batch], self.values[layer, :batch]  # [batch, kv_heads, max_len, head_dim]
         if slots is not None:
             end = max(self.lengths) + int(slots.max()) + 1 if slots.numel() else max(self.lengths)
             for b, length in enumerate(self.lengths):

@@ -246,7 +246,8 @@ class Transformer(nn.Module):
             positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
         return self.logits(self.hidden(tokens, positions, mask, cache, prefill=prefill))
 
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
+    def new_cache(self, batch: int, max_len: int, live: int | None = None) -> KVCache:
+        """A KV cache of ``batch`` rows of ``max_len`` slots, ``live`` of them in use (default all)."""
         p = self.embed.weight
         cfg = self.config
-        return KVCache(cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, max_len, p.dtype, p.device)
+        return KVCache(cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, max_len, p.dtype, p.device, live)

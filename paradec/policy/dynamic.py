@@ -138,7 +138,7 @@ class LatencyModel:
             self.a = self.sy / self.sw
 
     def predict(self, tokens: float) -> float:
-        return self.a + self.b * tokens
+        return max(self.a + self.b * tokens, 1e-9)  # > 0 before the first sample too
 
     @property
     def ready(self) -> bool:

@@ -1,0 +1,223 @@
+"""The OpenAI-compatible HTTP API (FastAPI) in front of the engine ``Worker``.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (through the model's chat
+template), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Responses follow OpenAI's JSON
+shapes (``usage``, ``finish_reason``), ``stream: true`` sends server-sent events ending with
+``data: [DONE]``, and errors carry OpenAI's ``{"error": {...}}`` body: 400 bad request, 401
+wrong key, 404 unknown model, 413 body too large, 429 queue full (with Retry-After).
+``method`` (any registered method with a drafter) is a paradec field per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from paradec import methods
+from paradec.errors import ParadecError
+from paradec.serve.worker import Job, QueueFull, Worker
+
+MAX_BODY_BYTES = 1 << 20
+RETRY_AFTER_S = 1
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI fields paradec does not use (user, logprobs=None, ...)
+
+    model: str
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: Literal[1] = 1
+    method: str | None = None  # paradec: the decoding method (default: the server's)
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(_Request):
+    messages: list[Message] = Field(min_length=1)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.headers = status, message, param, kind, headers
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+           headers: dict | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_key: str | None = None,
+               max_tokens_limit: int = 4096, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app serving ``worker``'s engine as ``model_name``; the caller runs the
+    worker (``paradec.serve.run`` does both)."""
+    app = FastAPI(title="paradec", docs_url=None, redoc_url=None)
+    engine = worker.engine
+    served = [m for m in methods.names() if methods.get(m).drafter is not None]
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        if exc.status >= 400 and exc.status != 429:
+            worker.metrics.errors.inc()
+        return _error(exc.status, exc.message, exc.param, exc.kind, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        worker.metrics.errors.inc()
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):
+        if request.url.path.startswith("/v1/"):
+            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+                worker.metrics.errors.inc()
+                return _error(401, "missing or wrong API key; send Authorization: Bearer KEY",
+                              kind="authentication_error")
+            length = request.headers.get("content-length")
+            if length is not None and int(length) > max_body_bytes:
+                worker.metrics.errors.inc()
+                return _error(413, f"request body over {max_body_bytes} bytes")
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(worker.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "paradec"}]}
+
+    def _job(req: _Request, ids_of) -> tuple[Job, asyncio.Queue]:
+        if req.model != model_name:
+            raise ApiError(404, f"model {req.model!r} is not served here; use {model_name!r}", "model",
+                           "not_found_error")
+        method = req.method or default_method
+        if method not in served:
+            raise ApiError(400, f"method {method!r} is not served; use one of {', '.join(served)}", "method")
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = 16 if max_tokens is None else max_tokens  # OpenAI's completions default
+        if max_tokens > max_tokens_limit:
+            raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {max_tokens_limit}",
+                           "max_tokens")
+        try:
+            ids = ids_of()
+            gen = engine.config(method=method, max_new_tokens=max_tokens, temperature=req.temperature,
+                                top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stop)
+        except ParadecError as exc:
+            raise ApiError(400, str(exc)) from None
+        loop, out = asyncio.get_running_loop(), asyncio.Queue()
+        job = Job(ids, gen, lambda piece, j: loop.call_soon_threadsafe(out.put_nowait, piece))
+        try:
+            worker.submit(job)
+        except QueueFull:
+            raise ApiError(429, "the server is busy (its queue is full); retry later", kind="rate_limit_error",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        return job, out
+
+    async def _respond(req: _Request, job: Job, out: asyncio.Queue, chat: bool, request: Request):
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+
+        def usage() -> dict:
+            return {"prompt_tokens": len(job.ids), "completion_tokens": job.completion_tokens,
+                    "total_tokens": len(job.ids) + job.completion_tokens}
+
+        def finish() -> str:
+            return "length" if job.finish_reason == "length" else "stop"
+
+        if not req.stream:
+            pieces = []
+            try:
+                while (piece := await out.get()) is not None:
+                    pieces.append(piece)
+            finally:  # a handler cancelled mid-way (the client went away) frees the row too
+                worker.cancel(job)
+            if job.error is not None:  # refused at admission (400), or the engine failed / is stopping (500, 503)
+                status = {"cancelled": 503, "error": 400 if job.group is None else 500}[job.finish_reason]
+                raise ApiError(status, job.error, kind="invalid_request_error" if status == 400 else "server_error")
+            text = "".join(pieces)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish(),
+                       "logprobs": None} if chat else
+                      {"index": 0, "text": text, "finish_reason": finish(), "logprobs": None})
+            return {"id": rid, "object": kind, "created": created, "model": model_name, "choices": [choice],
+                    "usage": usage()}
+
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
+        chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(delta: str | None, reason: str | None, role: bool = False) -> str:
+            if chat:
+                d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
+                choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
+            body = {"id": rid, "object": chunk_kind, "created": created, "model": model_name, "choices": [choice]}
+            if include_usage:
+                body["usage"] = None
+            return f"data: {json.dumps(body)}\n\n"
+
+        async def events():
+            try:
+                if chat:
+                    yield event(None, None, role=True)
+                while (piece := await out.get()) is not None:
+                    yield event(piece, None)
+                if job.error is not None:
+                    yield f"data: {json.dumps({'error': {'message': job.error, 'type': 'server_error'}})}\n\n"
+                else:
+                    yield event(None, finish())
+                    if include_usage:
+                        body = {"id": rid, "object": chunk_kind, "created": created, "model": model_name,
+                                "choices": [], "usage": usage()}
+                        yield f"data: {json.dumps(body)}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:  # the client went away (or we are done): the request leaves at the next step
+                worker.cancel(job)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        job, out = _job(req, lambda: engine._encode(req.prompt, False))
+        return await _respond(req, job, out, False, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest, request: Request):
+        messages = [m.model_dump() for m in req.messages]
+        job, out = _job(req, lambda: engine._encode(messages, True))
+        return await _respond(req, job, out, True, request)
+
+    return app

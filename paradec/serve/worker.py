@@ -1,0 +1,175 @@
+"""The server's engine loop: one thread owns the model and a ``Scheduler`` (continuous batching).
+
+Requests wait in a bounded queue. At every step boundary the worker admits waiting requests
+while cache rows are free (each is prefilled alone and joins the running batch), runs one
+``Scheduler.step`` (every live request's tree in ONE target pass) and hands each request its
+new text. A finished or cancelled request leaves and frees its row at the next step. Each
+request is its own group: its own drafter state (SSM caches, n-gram tables; ProPD's policy
+is the engine's, learned per batch size) and its own sampling settings and seeded generator.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from paradec import methods
+from paradec.config import MAX_TREE_NODES, GenerationConfig
+from paradec.scheduler import Group, Scheduler
+from paradec.serve.metrics import Metrics
+
+
+# Scratch slots per cache row for a request's trees: a request whose drafter may propose more
+# (several SSMs with wide expansions) is refused with a clear error.
+TREE_SCRATCH = 4 * MAX_TREE_NODES
+
+
+class QueueFull(Exception):
+    """The server has as many requests waiting as it accepts; retry later."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: prompt ids and settings in; text deltas out through ``emit``."""
+
+    ids: list[int]
+    gen: GenerationConfig
+    emit: Callable[[str | None, "Job"], None]  # called from the worker thread: a text piece, or None at the end
+    sent: int = 0  # characters of visible text emitted
+    finish_reason: str = "length"
+    completion_tokens: int = 0
+    error: str | None = None
+    group: Group | None = None
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class Worker:
+    """Owns ``engine``; ``submit`` is thread-safe, everything else runs on the worker thread."""
+
+    def __init__(self, engine, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None) -> None:
+        self.engine = engine
+        context = engine.model.config.context_length
+        self.scheduler = Scheduler(engine, max_batch, context + 1 + TREE_SCRATCH)
+        self.waiting: queue.Queue[Job] = queue.Queue(max_queue)
+        self.metrics = metrics or Metrics()
+        self.jobs: dict[Group, Job] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="paradec-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what is running and waiting, and end the loop."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.waiting.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+        self.metrics.queue_length.set(self.waiting.qsize())
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone: the request leaves at the next step boundary (thread-safe)."""
+        job.cancelled = True
+
+    # ---- the loop (worker thread) -----------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._admit()
+            if not self.scheduler.groups:
+                try:
+                    job = self.waiting.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                self._admit(job)
+                continue
+            t, batch = time.perf_counter(), self.scheduler.cache.batch
+            try:
+                for group, event in self.scheduler.step():
+                    self._deliver(self.jobs[group], event.row)
+            except Exception as exc:  # a bug must not hang every client: fail what runs, serve on
+                self._fail_running(f"the engine failed: {type(exc).__name__}: {exc}")
+                continue
+            self.metrics.observe_step(time.perf_counter() - t, batch)
+            self._reap()
+        for job in list(self.jobs.values()) + self._drain():
+            job.finish_reason, job.error = "cancelled", "the server is shutting down"
+            job.emit(None, job)
+
+    def _admit(self, job: Job | None = None) -> None:
+        """Admit ``job`` and then waiting jobs while rows are free (a job that does not fit the
+        cache is failed, not left waiting)."""
+        while True:
+            if job is None:
+                if not self.scheduler.free_rows:
+                    return
+                try:
+                    job = self.waiting.get_nowait()
+                except queue.Empty:
+                    return
+            self.metrics.queue_length.set(self.waiting.qsize())
+            if job.cancelled:
+                job = None
+                continue
+            try:
+                rows = self.engine._rows([job.ids], job.gen)
+                drafter = methods.get(job.gen.method).drafter(self.engine, job.gen)
+                if not self.scheduler.fits(rows, drafter):
+                    raise ValueError(f"method {job.gen.method} with these options proposes trees of up to "
+                                     f"{drafter.max_nodes} nodes; this server reserves {TREE_SCRATCH}")
+                self.metrics.prompt_tokens.inc(len(job.ids))
+                job.group = self.scheduler.admit(rows, job.gen, drafter)
+                self.jobs[job.group] = job
+            except Exception as exc:  # a bad request must not take the loop down
+                job.error, job.finish_reason = str(exc), "error"
+                self.metrics.errors.inc()
+                job.emit(None, job)
+            job = None
+
+    def _deliver(self, job: Job, row_index: int) -> None:
+        row = job.group.rows[row_index]
+        piece, job.sent = self.engine.text_delta(row, job.gen, job.sent)
+        if piece:
+            job.emit(piece, job)
+        if job.cancelled:
+            job.group.cancelled = True
+
+    def _reap(self) -> None:
+        """Finished and cancelled jobs end (their rows leave at the next step)."""
+        for group, job in list(self.jobs.items()):
+            if job.cancelled:
+                group.cancelled = True
+            if group.done:
+                row = group.rows[0]
+                job.finish_reason = "cancelled" if job.cancelled else row.finish_reason
+                job.completion_tokens = len(row.new_ids)
+                self.metrics.observe_request(row.stats, job.cancelled)
+                del self.jobs[group]
+                job.emit(None, job)
+
+    def _fail_running(self, message: str) -> None:
+        """End every running request with ``message`` and start over with an empty cache."""
+        for group, job in list(self.jobs.items()):
+            job.error, job.finish_reason = message, "error"
+            self.metrics.errors.inc()
+            job.emit(None, job)
+        self.jobs.clear()
+        for group in self.scheduler.groups:
+            group.cancelled = True
+        self.scheduler.groups.clear()
+        self.scheduler.cache.remove_rows(0, self.scheduler.cache.batch)
+
+    def _drain(self) -> list[Job]:
+        out = []
+        while True:
+            try:
+                out.append(self.waiting.get_nowait())
+            except queue.Empty:
+                return out
