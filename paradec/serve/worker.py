@@ -58,15 +58,23 @@ class Worker:
         self.metrics = metrics or Metrics()
         self.jobs: dict[Group, Job] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="paradec-engine", daemon=True)
+        self._thread = threading.Thread()  # set by start(); run() may also be called on the main thread
 
     def start(self) -> None:
-        self._thread.start()
+        """Run the loop on a thread of its own (once; later calls do nothing)."""
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._thread = threading.Thread(target=self.run, name="paradec-engine", daemon=True)
+            self._thread.start()
+
+    def request_stop(self) -> None:
+        """Ask the loop to cancel what is running and waiting, and return (signal-safe)."""
+        self._stop.set()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel what is running and waiting, and end the loop."""
+        """``request_stop`` and wait for the loop's thread."""
         self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def submit(self, job: Job) -> None:
         try:
@@ -79,8 +87,9 @@ class Worker:
         """The client is gone: the request leaves at the next step boundary (thread-safe)."""
         job.cancelled = True
 
-    # ---- the loop (worker thread) -----------------------------------------------------------
-    def _run(self) -> None:
+    # ---- the loop (one thread: the worker's own, or the main thread) -------------------------
+    def run(self) -> None:
+        """The engine loop, until ``request_stop``; then every request still here ends as cancelled."""
         while not self._stop.is_set():
             self._admit()
             if not self.scheduler.groups:
