@@ -18,10 +18,10 @@ def deployment(load_options: dict, model_name: str, replicas: int, replica_cpus:
     from ray import serve
 
     def build():
-        import paradec
+        from paradec.engine import load
         from paradec.serve import build_app
 
-        app = build_app(paradec.load(**load_options), model_name, **app_options)
+        app = build_app(load(**load_options), model_name, **app_options)
         app.state.worker.start()  # whether or not the proxy runs the app's lifespan
         return app
 
