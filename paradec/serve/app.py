@@ -155,7 +155,7 @@ def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         return job, out
 
-    async def _respond(req: _Request, job: Job, out: asyncio.Queue, chat: bool, request: Request):
+    async def _respond(req: _Request, job: Job, out: asyncio.Queue, chat: bool):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
@@ -219,14 +219,14 @@ def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
+    async def completions(req: CompletionRequest):
         job, out = _job(req, lambda: engine._encode(req.prompt, False))
-        return await _respond(req, job, out, False, request)
+        return await _respond(req, job, out, False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest, request: Request):
+    async def chat_completions(req: ChatRequest):
         messages = [m.model_dump() for m in req.messages]
         job, out = _job(req, lambda: engine._encode(messages, True))
-        return await _respond(req, job, out, True, request)
+        return await _respond(req, job, out, True)
 
     return app

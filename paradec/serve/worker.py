@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from paradec import methods
@@ -44,7 +44,6 @@ class Job:
     error: str | None = None
     group: Group | None = None
     cancelled: bool = False
-    submitted: float = field(default_factory=time.perf_counter)
 
 
 class Worker:
@@ -147,8 +146,6 @@ class Worker:
         piece, job.sent = self.engine.text_delta(row, job.gen, job.sent)
         if piece:
             job.emit(piece, job)
-        if job.cancelled:
-            job.group.cancelled = True
 
     def _reap(self) -> None:
         """Finished and cancelled jobs end (their rows leave at the next step)."""
