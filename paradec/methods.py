@@ -190,5 +190,9 @@ for _m in (
            stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False),
     Method("aspd-r0", "ASPD, a title that repeats the plan ends it (no retries)", decode=_aspd,
            stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False, options={"title_retries": 0}),
+    # lossless with respect to `aspd` of the same model (tested), not to the base model's `ar`
+    Method("aspd+spec", "ASPD with prompt-lookup drafts inside every branch, all verified in one pass",
+           decode=_aspd, stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False,
+           options={"aspd_draft": 4}),
 ):
     register(_m)

@@ -53,6 +53,22 @@ def default_gguf() -> Path:
     return path
 
 
+def bundled_aspd() -> Path:
+    """The default ASPD model: the adapter over the default model (``zoo/smollm2/aspd``), else
+    the bundled code model's (``zoo/aspd``)."""
+    for name in (f"{DEFAULT_ZOO}/aspd", "aspd"):
+        if (ZOO / name / "adapter.json").is_file():
+            return ZOO / name
+    raise ParadecError("the zoo has no ASPD model; pass model=PATH to an ASPD-fine-tuned model "
+                       "(its tokenizer must have <|title|> ... <|/branch|>)")
+
+
+def aspd_twin(model: str | Path) -> Path | None:
+    """The Seq twin shipped next to an ASPD adapter directory ``.../aspd`` (``.../aspd-seq``)."""
+    twin = Path(model).parent / (Path(model).name + "-seq")
+    return twin if (twin / "adapter.json").is_file() else None
+
+
 def companions(model: str | Path) -> tuple[list[Path], Path | None]:
     """(SSM pool, heads) shipped in the zoo for ``model``: ``zoo/smollm2/`` for the default
     model's GGUF file, ``zoo/ssm*`` and ``zoo/heads`` for the bundled code model; none for any

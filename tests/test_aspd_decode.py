@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import paradec
-from paradec.parallel.decode import MAX_BRANCHES, MAX_TITLE_TOKENS, MIN_BRANCH_TOKENS, Specials, aspd_decode, aspd_decode_batch, serial_mask
+from paradec.parallel.decode import aspd_decode, aspd_decode_batch
+from paradec.parallel.grammar import MAX_BRANCHES, MAX_TITLE_TOKENS, MIN_BRANCH_TOKENS, Specials, serial_mask
 from paradec.parallel.layout import layout
 from paradec.testing import make_checkpoint, make_tokenizer, stdlib_text
 from paradec.train.tokenizer import ASPD_TOKENS

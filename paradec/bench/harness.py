@@ -25,6 +25,7 @@ from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import machine, markdown_table, write_json
 from paradec.draft.oracle import OracleDrafter
 from paradec.errors import ParadecError
+from paradec.models.adapter import is_adapter, read_adapter
 from paradec.models.gguf import resolve_model
 from paradec.models.quant import QUANTS
 from paradec.parallel.quality import nll, parses
@@ -32,8 +33,9 @@ from paradec.parallel.quality import nll, parses
 # Peers measured next to paradec's registered methods (paradec.methods), with what each needs
 # loaded: transformers' own decoding and llama.cpp on the same GGUF file (bench/peers.py), an
 # oracle drafter (the reference continuation: the acceptance ceiling of a depth-`oracle_depth`
-# chain) and the ASPD model's Seq twin (`ar`).
+# chain), the ASPD model's Seq twin (`ar`) and its base model (`ar`, `base-ar`).
 PEERS = {"oracle": (), "hf": (), "hf-assisted": ("drafts",), "hf-pld": (), "seq-twin": ("aspd_model", "twin"),
+         "base-ar": ("aspd_model",),
          "llamacpp": ("gguf",), "llamacpp-pld": ("gguf",)}
 HF = ("hf", "hf-assisted", "hf-pld")
 LLAMACPP = ("llamacpp", "llamacpp-pld")
@@ -133,6 +135,9 @@ class Runners:
                                 threads=cfg.threads) for q in quants}
         self.engine = self.engines[cfg.quant]
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
+        self.base = None  # an ASPD adapter's base model: `base-ar`, and the NLL reference nll_base
+        if is_adapter(model_dir) and any("aspd_model" in method_needs(m) for m in cfg.methods):
+            self.base = load(read_adapter(model_dir)[1], dtype=cfg.dtype, device=cfg.device)
         limits = dict(max_new_tokens=cfg.max_new_tokens, stop_at_eos=cfg.stop_at_eos)
         self.llamacpp = None
         if any(m in LLAMACPP for m in cfg.methods):
@@ -167,8 +172,10 @@ class Runners:
             if _own_loop(method):  # its own text (ASPD: markup is overhead, not output)
                 return [engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
             return [g.token_ids for g in out], [g.stats for g in out]
-        if method == "seq-twin":
-            out = self.twin.generate(batch, **self.options())
+        if method in ("seq-twin", "base-ar"):
+            if method == "base-ar" and self.base is None:
+                raise ParadecError("base-ar runs an ASPD adapter's base model; pass model=ADAPTER_DIR")
+            out = (self.twin if method == "seq-twin" else self.base).generate(batch, **self.options())
             return [g.token_ids for g in out], [g.stats for g in out]
         return self.hf.run(method, batch), [None] * len(batch)
 
@@ -221,6 +228,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
                 if runners.twin is not None and (m == "ar" or not _lossless(m)):  # quality vs the Seq twin
                     records[-1]["nll_twin"] = nll(runners.twin.model, ids, toks)
                     records[-1]["parses"] = parses(tok.decode(toks))
+                if runners.base is not None and (m == "ar" or not _lossless(m)):  # ... and vs the base model
+                    records[-1]["nll_base"] = nll(runners.base.model, ids, toks)
     bar.close()
     summary = summarize(records, methods)
     return {"config": {k: _portable(v) for k, v in cfg.__dict__.items()}, "machine": machine(),
@@ -267,8 +276,11 @@ def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], 
     rec = {"prompt_id": p.id, "category": p.category, "method": method, "batch": batch,
            "new_tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
            "identical_to_ar": None if reference is None or not _lossless(method) else tokens == reference}
-    if stats is not None and stats.extra.get("degree_of_parallelism") is not None:
-        rec["degree_of_parallelism"] = stats.extra["degree_of_parallelism"]
+    for key in ("degree_of_parallelism", "well_formed", "acceptance"):
+        if stats is not None and stats.extra.get(key) is not None:
+            rec[key] = float(stats.extra[key])
+    if stats is not None and stats.extra.get("groups"):
+        rec["branches_per_group"] = stats.extra["branches"] / stats.extra["groups"]
     if stats is not None and _own_loop(method):  # no tree (ASPD): tau = marked tokens per pass
         rec.update(tau=stats.tau, steps=stats.steps, ms_per_step=1000 * wall / max(1, stats.steps))
     elif stats is not None:
@@ -296,7 +308,8 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                           for r in mine if (r["prompt_id"], base) in by]
                 row[f"speedup_vs_{base}"] = statistics.mean(ratios) if ratios else None
             for key in ("tau", "nodes_per_step", "verified_per_step", "target_share", "ms_per_step",
-                        "nll_twin", "parses", "degree_of_parallelism"):
+                        "nll_twin", "nll_base", "parses", "degree_of_parallelism", "branches_per_group",
+                        "well_formed", "acceptance"):
                 vals = [r[key] for r in mine if r.get(key) is not None]
                 row[key] = statistics.mean(vals) if vals else None
             depth = [r["accept_per_depth"] for r in mine if r.get("accept_per_depth")]
@@ -316,7 +329,8 @@ def write_outputs(result: dict, out_dir: str | Path) -> str:
     out_dir = Path(out_dir)
     rows = [r for r in result["summary"] if r["category"] == "all"]
     cats = [r for r in result["summary"] if r["category"] != "all"]
-    columns = COLUMNS + [c for c in ("speedup_vs_seq-twin", "degree_of_parallelism", "nll_twin", "parses")
+    columns = COLUMNS + [c for c in ("speedup_vs_seq-twin", "degree_of_parallelism", "branches_per_group", "nll_base",
+                                     "nll_twin", "well_formed", "acceptance", "parses")
                          if any(r.get(c) is not None for r in rows)]
     table = markdown_table(rows, columns)
     if len({r["category"] for r in cats}) > 1:

@@ -127,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz), text, "
                    "or stdlib:heldout (code followed by independent functions, for aspd)")
     b.add_argument("--twin", default=None, metavar="PATH",
-                   help="Seq twin of the ASPD model (method seq-twin; NLL reference); default with --model "
-                        "zoo/aspd: zoo/aspd-seq")
+                   help="Seq twin of the ASPD model (method seq-twin; NLL reference); default: the aspd-seq "
+                        "directory next to the ASPD model (zoo/smollm2/aspd-seq for the default)")
     b.add_argument("--limit", type=int, default=None)
     b.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
     bd = _bench_defaults()
@@ -221,14 +221,14 @@ def _bench_methods() -> tuple[str, ...]:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from paradec.bench.harness import BenchConfig, method_needs, run_bench, write_outputs
-    from paradec.zoo import bundled_or_none
+    from paradec.zoo import aspd_twin
 
     names = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     needs = set().union(*(method_needs(m) for m in names))
     model, drafts, heads = model_and_drafters(args, needs, whole_pool=len(names) > 1)
     twin = args.twin
-    if args.model is None and "aspd_model" in needs:
-        twin = twin or bundled_or_none("aspd-seq", "adapter.json")
+    if "aspd_model" in needs:
+        twin = twin or aspd_twin(model)
     if args.limit is not None and args.limit < 1:
         raise ParadecError("--limit must be >= 1")
     writable_dir(Path(args.out), "--out")  # before the run, not after it

@@ -88,14 +88,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def model_and_drafters(args: argparse.Namespace, needs: set[str], whole_pool: bool = False) -> tuple:
     """(model, drafts, heads) for a command: the default model (SmolLM2-135M-Instruct) unless
     --model says otherwise, with the zoo's drafters for it where the methods need them."""
-    from paradec.zoo import bundled, bundled_or_none, companions, default_gguf
+    from paradec.zoo import bundled_aspd, companions, default_gguf
 
     model, drafts, heads = args.model, list(args.draft), args.heads
-    if model is None and "aspd_model" in needs:  # the bundled ASPD code model
-        if bundled_or_none("aspd", "adapter.json") is None:
-            raise ParadecError("the zoo has no ASPD model; pass --model PATH to an ASPD-fine-tuned model "
-                               "(its tokenizer must have <|title|> ... <|/branch|>)")
-        return bundled("aspd", "adapter.json"), drafts, heads
+    if model is None and "aspd_model" in needs:  # the zoo's ASPD adapter over the default model
+        return bundled_aspd(), drafts, heads
     model = model if model is not None else default_gguf()
     pool, zoo_heads = companions(model)
     if not drafts and "drafts" in needs:

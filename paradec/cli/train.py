@@ -42,8 +42,15 @@ def add_train_parser(sub) -> None:
     th.add_argument("--epochs", type=int, default=3)
     th.add_argument("--questions", default=None, metavar="FILE",
                     help="chat model: train on the target's answers to these questions (question.jsonl)")
-    ta = tsub.add_parser("aspd", help="ASPD fine-tune (LoRA adapter) of a model on marked stdlib function groups")
-    ta.add_argument("--base", required=True, help="the model to fine-tune (its tokenizer has the ASPD tokens)")
+    ta = tsub.add_parser("aspd", help="ASPD fine-tune (LoRA adapter) of a model: on chat answers whose lists and "
+                                      "sections are independent (--questions/--answers), or on stdlib function groups")
+    ta.add_argument("--base", required=True, help="the model to fine-tune: a directory or a GGUF file")
+    ta.add_argument("--questions", default=None, metavar="FILE",
+                    help="chat data: question.jsonl of non-evaluation questions (e.g. arena-hard); the ASPD tokens "
+                         "are added to the vocabulary if the base lacks them")
+    ta.add_argument("--answers", nargs="+", default=(), metavar="FILE",
+                    help="chat data: answers to those questions (FastChat model_answer files, paradec self-answers)")
+    ta.add_argument("--max-tokens", type=int, default=512, help="longest example (prompt + marked answer)")
     ta.add_argument("--out", required=True, help="where the adapter is exported (loads like a model directory)")
     ta.add_argument("--run-dir", default="runs/aspd/model", help="resumable state and logs")
     ta.add_argument("--twin", action="store_true", help="train the Seq twin: same windows, markup removed")
@@ -127,9 +134,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or args.lr <= 0 or args.min_branches < 2:
             raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1, --min-branches >= 2")
+        if bool(args.questions) != bool(args.answers):
+            raise ParadecError("chat data needs both --questions FILE and --answers FILE [FILE ...]")
+        if args.max_tokens < 64:
+            raise ParadecError("--max-tokens must be >= 64")
         cfg = AspdTrainConfig(twin=args.twin, rank=args.rank, alpha=float(args.rank), epochs=args.epochs,
                               batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
-                              minutes=args.minutes, seed=args.seed, min_branches=args.min_branches)
+                              minutes=args.minutes, seed=args.seed, min_branches=args.min_branches,
+                              questions=args.questions, answers=tuple(args.answers), max_tokens=args.max_tokens)
         summary = train_aspd(args.base, args.out, args.run_dir, cfg)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
 

@@ -166,10 +166,10 @@ def save_model(model: Transformer, out_dir: str | Path, dtype: torch.dtype = tor
     cfg_tmp.replace(out_dir / "config.json")
 
 
-def merge_to_hf(adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write base + adapter, merged, as a plain HF checkpoint (config, bf16 safetensors, tokenizer)."""
+def merge_to_hf(adapter_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write base + adapter, merged, as a plain HF checkpoint (config, ``dtype`` safetensors, tokenizer)."""
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     model = load_model(adapter_dir, torch.float32)
-    save_model(model, out_dir, torch.bfloat16)
+    save_model(model, out_dir, dtype)
     copy_tokenizer(adapter_dir, out_dir)
     return out_dir

@@ -20,39 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paradec.errors import ParadecError
-from paradec.parallel.markup import BRANCH, END_BRANCH, END_PARA, END_TITLE, PARA, TITLE
-
-
-@dataclass(frozen=True)
-class Specials:
-    title: int
-    end_title: int
-    para: int
-    end_para: int
-    branch: int
-    end_branch: int
-    hf: object = field(compare=False, repr=False)  # the tokenizer: forced prefixes are tokenized as trained
-
-    @staticmethod
-    def from_tokenizer(hf, fix: str = "use an ASPD-fine-tuned model (paradec train aspd)") -> "Specials":
-        ids = hf.convert_tokens_to_ids([TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH])
-        if any(i is None or i == hf.unk_token_id for i in ids):
-            raise ParadecError(f"this model's tokenizer lacks ASPD's special tokens (<|title|> ... <|/branch|>); {fix}")
-        return Specials(*ids, hf)
-
-    @property
-    def ids(self) -> tuple[int, ...]:
-        """The six token ids, in format order."""
-        return self.title, self.end_title, self.para, self.end_para, self.branch, self.end_branch
-
-    def branch_prefix(self, title: list[int]) -> list[int]:
-        """The forced start of a branch: ``<|branch|>`` + the tokens of "TITLE:", tokenized as
-        the training text "<|branch|>TITLE: content" was. The space after the colon is left to
-        the model: byte-level BPE attaches it to the next word (" def"), so forcing a lone " "
-        token would put the branch in a tokenization it never saw."""
-        text = self.hf.decode(title, skip_special_tokens=False) + ":"
-        return [self.branch, *self.hf(text, add_special_tokens=False).input_ids]
+from paradec.parallel.grammar import Specials, _last_index, _titles, serial_mask
 
 
 @dataclass
@@ -64,85 +32,9 @@ class AspdStats:
     groups: int = 0
     branches: int = 0
     wall_s: float = 0.0
+    drafted: int = 0  # aspd+spec: draft tokens fed (forced branch prefixes included)
+    accepted: int = 0  # ... and kept
     trace: list = field(default_factory=list)  # per cache slot: (token, position, visible slots, branch or -1)
-
-
-MAX_BRANCHES = 16  # titles in one plan
-MAX_TITLE_TOKENS = 16
-MIN_BRANCH_TOKENS = 16  # token budget each planned branch must still have room for
-
-
-def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
-                budget_left: int | None = None) -> torch.Tensor:
-    """[vocab] bool: the tokens the grammar allows next in serial mode: titles come first, each
-    at most ``MAX_TITLE_TOKENS`` long, at most ``MAX_BRANCHES`` of them, then ``<|para|>``; no
-    title right after a group; branch markers and ``<|/para|>`` never (the parallel mode places
-    them). A title that repeats one of the plan is handled by the decoder (it ends the plan).
-    With ``budget_left`` (new tokens still allowed) a plan must not eat its own branches' budget:
-    another title is allowed only while every planned branch, and one more like them, still has
-    room for its forced ``<|branch|>TITLE:`` prefix and ``MIN_BRANCH_TOKENS`` of content
-    (``_plan_cost``); a plan opens only where two short branches fit."""
-    allowed = torch.ones(vocab, dtype=torch.bool)
-    allowed[[sp.end_para, sp.branch, sp.end_branch]] = False
-    last = history[-1] if history else None
-    in_titles = sp.title in history and (sp.para not in history[_last_index(history, sp.title):])
-    room = budget_left is None or budget_left >= _plan_cost([[0], [0]])
-    if last == sp.end_title:
-        titles = _titles(history, sp)
-        allowed[:] = False
-        allowed[sp.para] = True
-        one_more = titles + [[0] * max(1, round(sum(map(len, titles)) / len(titles)))]  # an average title
-        allowed[sp.title] = len(titles) < MAX_BRANCHES and (budget_left is None or budget_left >= _plan_cost(one_more))
-        return allowed
-    if last == sp.title:
-        allowed[[sp.title, sp.end_title, sp.para]] = False
-    elif in_titles and _inside_title(history, sp):
-        allowed[[sp.title, sp.para]] = False
-        current = history[_last_index(history, sp.title) + 1:]
-        if len(current) >= MAX_TITLE_TOKENS:
-            allowed[:] = False
-            allowed[sp.end_title] = True
-    else:
-        allowed[[sp.end_title, sp.para]] = False
-    if just_merged or not room:
-        allowed[sp.title] = False
-    return allowed
-
-
-def _plan_cost(titles: list[list[int]]) -> int:
-    """Tokens a plan of ``titles`` still needs once decided: <|para|>, per branch its forced
-    prefix (<|branch|> TITLE :), ``MIN_BRANCH_TOKENS`` of content and <|/branch|>, <|/para|>."""
-    return 2 + sum(len(t) + 3 + MIN_BRANCH_TOKENS for t in titles)
-
-
-def _last_index(seq: list[int], tok: int) -> int:
-    return len(seq) - 1 - seq[::-1].index(tok)
-
-
-def _inside_title(history: list[int], sp: Specials) -> bool:
-    """After a <|title|> with no <|/title|> since."""
-    for tok in reversed(history):
-        if tok == sp.end_title:
-            return False
-        if tok == sp.title:
-            return True
-    return False
-
-
-def _titles(history: list[int], sp: Specials) -> list[list[int]]:
-    """Token lists of the titles of the current plan (after the last <|/para|>), de-duplicated."""
-    start = _last_index(history, sp.end_para) + 1 if sp.end_para in history else 0
-    out, cur = [], None
-    for tok in history[start:]:
-        if tok == sp.title:
-            cur = []
-        elif tok == sp.end_title and cur is not None:
-            if cur and cur not in out:
-                out.append(cur)
-            cur = None
-        elif cur is not None:
-            cur.append(tok)
-    return out
 
 
 @dataclass
@@ -212,6 +104,12 @@ class _RowDecoder:
         self.branch_tokens = [[f[0]] for f in self.forced]
         self.fed = [0] * len(self.titles)
         self.first, self.parallel = True, True
+        # Each branch's share of the budget, fixed when the group opens (markers included; one
+        # token stays for <|/para|>): how far a branch may run does not depend on how fast the
+        # others advance, so every schedule of the same group (one token per branch per pass,
+        # or several with speculation) gives the same tokens.
+        share = (self.max_new - len(self.new) - 1) // len(self.titles)
+        self.branch_cap = min(self.max_branch + 1, share)
 
     def _merge(self) -> None:
         """Branches in order into the flattened sequence; <|/para|> continues serially."""
@@ -288,36 +186,44 @@ class _RowDecoder:
         out = logits[1:] if self.first else logits
         self.first = False
         todo = [it.branch for it in self.fed_items if it.branch >= 0]
-        budget_left = self.max_new - len(self.new) - sum(len(b) for b in self.branch_tokens)
-        suppress = [sp.title, sp.end_title, sp.para, sp.end_para, sp.branch]
         for k, i in enumerate(todo):
-            if self.branch_tokens[i][-1] == sp.end_branch:
-                continue  # its end marker has just entered the cache: the branch is done
-            n_have = len(self.branch_tokens[i])
-            if n_have < len(self.forced[i]):
-                nxt = self.forced[i][n_have]
-            else:
-                row = out[k].float()
-                row[suppress] = float("-inf")
-                nxt = int(row.argmax())
-                if nxt in self.eos or n_have >= self.max_branch or budget_left <= len(todo):
-                    nxt = sp.end_branch
-            self.branch_tokens[i].append(nxt)
+            if self.branch_tokens[i][-1] != sp.end_branch:  # else its end marker has just entered the cache
+                self.branch_tokens[i].append(self.branch_next(i, out[k]))
+
+    def branch_next(self, i: int, logits: torch.Tensor) -> int:
+        """Branch ``i``'s next token from ``logits`` [vocab] at its last token: the forced
+        prefix, then greedy without markers, ``<|/branch|>`` at EOS or the branch's cap."""
+        sp = self.sp
+        n_have = len(self.branch_tokens[i])
+        if n_have < len(self.forced[i]):
+            return self.forced[i][n_have]
+        row = logits.float()
+        row[[sp.title, sp.end_title, sp.para, sp.end_para, sp.branch]] = float("-inf")
+        nxt = int(row.argmax())
+        return sp.end_branch if nxt in self.eos or n_have + 1 >= self.branch_cap else nxt
+
+    def kept(self, length: int) -> list[int]:
+        """After ``consume``: which of the fed items stay in the cache (indices), given the
+        row's committed ``length`` before the pass. Plain ASPD keeps them all."""
+        return list(range(len(self.fed_items)))
 
 
 def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
-               record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3) -> Iterator[list["_RowDecoder"]]:
+               record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3,
+               row_type: type = _RowDecoder, extra_slots: int = 0) -> Iterator[list["_RowDecoder"]]:
     """Greedy ASPD decoding of a batch, one forward pass per step for all rows, each row in its
     own mode (serial: one token; parallel: one token per active branch), padded to the widest.
-    Yields the rows after every pass (``_RowDecoder.visible`` is what a stream may show)."""
+    Yields the rows after every pass (``_RowDecoder.visible`` is what a stream may show).
+    ``row_type``: the row's decoder (``paradec.parallel.spec`` adds drafts, ``extra_slots``
+    per pass, which the cache must hold before the rejected ones leave it)."""
     dev = model.embed.weight.device
     vocab = model.config.vocab_size
     t0 = time.perf_counter()
-    rows = [_RowDecoder(sp, p, max_new_tokens, eos, vocab, max_branch_tokens, title_retries) for p in prompts]
-    cache = model.new_cache(len(prompts), max(len(p) for p in prompts) + 4 * max_new_tokens + 64)
+    rows = [row_type(sp, p, max_new_tokens, eos, vocab, max_branch_tokens, title_retries) for p in prompts]
+    cache = model.new_cache(len(prompts), max(len(p) for p in prompts) + 4 * max_new_tokens + 64 + extra_slots)
 
     def forward(items: list[list[_Item]], prefill: bool = False) -> torch.Tensor:
-        """One pass: row r's items go to its next len(items[r]) slots and are committed."""
+        """One pass: row r's items go to its next len(items[r]) (scratch) slots."""
         n = max(len(it) for it in items)
         starts = cache.starts()
         x = torch.zeros(len(items), n, dtype=torch.long)
@@ -328,20 +234,18 @@ def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: in
                 x[r, i], pos[r, i] = it.token, it.position
                 mask[r, 0, i, : it.upto] = True
                 mask[r, 0, i, it.extra] = True
-                if record:
-                    vis = list(range(it.upto)) + [e for e in it.extra if e >= it.upto]
-                    rows[r].stats.trace.append((it.token, it.position, vis, it.branch))
             for i in range(len(its), n):  # padding: sees its own slot only, never committed
                 mask[r, 0, i, starts[r] + i] = True
-        logits = model(x.to(dev), pos.to(dev), mask.to(dev), cache, prefill)  # [batch, n, vocab]
-        for r, its in enumerate(items):
-            cache.advance(r, len(its))
-        return logits
+        return model(x.to(dev), pos.to(dev), mask.to(dev), cache, prefill)  # [batch, n, vocab]
 
     with torch.inference_mode():
         prefill = [[_Item(t, i, i + 1, []) for i, t in enumerate(p[:-1])] for p in prompts]
         if any(prefill):  # all but the last token, like the main engine
             forward(prefill, prefill=True)
+            for r, its in enumerate(prefill):
+                cache.advance(r, len(its))
+                if record:
+                    rows[r].stats.trace += [(it.token, it.position, list(range(it.upto)), -1) for it in its]
         while True:
             items = [row.items(cache.lengths[r]) for r, row in enumerate(rows)]
             if not any(items):
@@ -349,7 +253,14 @@ def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: in
             logits = forward(items)
             for r, (row, its) in enumerate(zip(rows, items)):
                 if its:
+                    length = cache.lengths[r]
                     row.consume(logits[r, : len(its)])
+                    kept = row.kept(length)
+                    cache.commit(r, kept)
+                    if record:
+                        for it in (its[k] for k in kept):
+                            vis = list(range(it.upto)) + [e for e in it.extra if e >= it.upto]
+                            row.stats.trace.append((it.token, it.position, vis, it.branch))
                 if row.truncate_to is not None:
                     cache.truncate(r, row.truncate_to)
                     del row.stats.trace[row.truncate_to:]  # the trace is per cache slot
@@ -360,21 +271,25 @@ def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: in
 
 
 def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
-                      record: bool = False, max_branch_tokens: int = 512,
-                      title_retries: int = 3) -> list[tuple[list[int], AspdStats]]:
-    """``aspd_steps`` to the end. Returns per prompt the marked-up new tokens (titles, markers
-    and branches in branch order: the flattened sequence the model was trained on) and stats."""
-    rows = []
-    for rows in aspd_steps(model, sp, prompts, max_new_tokens, eos, record, max_branch_tokens, title_retries):
+                      record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3,
+                      **rows) -> list[tuple[list[int], AspdStats]]:
+    """``aspd_steps`` to the end (``rows``: its row_type / extra_slots). Returns per prompt the
+    marked-up new tokens (titles, markers and branches in branch order: the flattened sequence
+    the model was trained on) and stats."""
+    rows_out = []
+    for rows_out in aspd_steps(model, sp, prompts, max_new_tokens, eos, record, max_branch_tokens, title_retries,
+                               **rows):
         pass
     out = []
-    for row in rows:
+    for row in rows_out:
         row.stats.new_tokens = len(row.new[:max_new_tokens])
         out.append((row.new[:max_new_tokens], row.stats))
     return out
 
 
 def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
-                record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3) -> tuple[list[int], AspdStats]:
+                record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3,
+                **rows) -> tuple[list[int], AspdStats]:
     """``aspd_decode_batch`` for one prompt."""
-    return aspd_decode_batch(model, sp, [prompt], max_new_tokens, eos, record, max_branch_tokens, title_retries)[0]
+    return aspd_decode_batch(model, sp, [prompt], max_new_tokens, eos, record, max_branch_tokens, title_retries,
+                             **rows)[0]

@@ -10,9 +10,13 @@ pieces concatenate to ``generate``'s text.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
-from paradec.parallel.decode import Specials, aspd_decode_batch, aspd_steps
+from paradec.parallel.decode import _RowDecoder, aspd_decode_batch, aspd_steps
+from paradec.parallel.grammar import Specials
 from paradec.parallel.markup import strip_markup
+from paradec.parallel.quality import well_formed
+from paradec.parallel.spec import SpecRowDecoder, extra_slots
 from paradec.state import Generation, Stats
 
 
@@ -35,17 +39,31 @@ def _setup(engine, prompts: list[list[int]], gen) -> tuple[Specials, frozenset, 
     return sp, eos, budget
 
 
+def _rows(gen) -> dict:
+    """The row decoder: plain ASPD, or with drafts (``aspd_draft`` tokens per chain)."""
+    k = gen.spec.aspd_draft
+    return ({"row_type": partial(SpecRowDecoder, draft_tokens=k), "extra_slots": extra_slots(k)} if k
+            else {"row_type": _RowDecoder})
+
+
 def generate_aspd(engine, prompts: list[list[int]], gen) -> list[Generation]:
-    """``Engine.generate(method="aspd")``: greedy hybrid decoding of a batch, plain text out."""
+    """``Engine.generate(method="aspd" | "aspd+spec")``: greedy hybrid decoding of a batch,
+    plain text out."""
     hf = engine.tokenizer.hf
     sp, eos, budget = _setup(engine, prompts, gen)
     out = []
-    for ids, st in aspd_decode_batch(engine.model, sp, prompts, budget, eos, title_retries=gen.spec.title_retries):
+    for ids, st in aspd_decode_batch(engine.model, sp, prompts, budget, eos, title_retries=gen.spec.title_retries,
+                                     **_rows(gen)):
         text = _plain(hf, ids)
-        stats = Stats("aspd", new_tokens=len(ids), steps=st.steps, wall_s=st.wall_s,
-                      extra={"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
-                             "groups": st.groups, "branches": st.branches,
-                             "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4)})
+        extra = {"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
+                 "groups": st.groups, "branches": st.branches,
+                 "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4),
+                 "well_formed": well_formed(hf.decode(ids, skip_special_tokens=False))}
+        if gen.spec.aspd_draft:
+            extra.update(drafted=st.drafted, accepted=st.accepted,
+                         acceptance=round(st.accepted / max(1, st.drafted), 4))
+        stats = Stats("aspd+spec" if gen.spec.aspd_draft else "aspd", new_tokens=len(ids), steps=st.steps,
+                      wall_s=st.wall_s, extra=extra)
         reason = "eos" if ids and ids[-1] in eos else "length"
         cut = _first_stop(text, gen.stop)
         if cut >= 0:  # stop strings end the plain text (the decode itself ran to its end)
@@ -62,7 +80,7 @@ def stream_aspd(engine, prompt: list[int], gen) -> Iterator[str]:
     sp, eos, budget = _setup(engine, [prompt], gen)
     hold = max((len(s) for s in gen.stop), default=1) - 1
     sent, text, rows = 0, "", []
-    for rows in aspd_steps(engine.model, sp, [prompt], budget, eos, title_retries=gen.spec.title_retries):
+    for rows in aspd_steps(engine.model, sp, [prompt], budget, eos, title_retries=gen.spec.title_retries, **_rows(gen)):
         text = _plain(hf, rows[0].visible()[:budget])
         cut = _first_stop(text, gen.stop)
         if cut >= 0:

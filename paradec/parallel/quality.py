@@ -1,4 +1,4 @@
-"""How good is parallel-decoded code? Two checks that need no judge model.
+"""How good is parallel-decoded text? Checks that need no judge model.
 
 - ``nll``: mean per-token negative log-likelihood of a continuation under a reference model
   (ASPD's fair reference is the Seq twin: same data, no markup). An ASPD output that reads as
@@ -6,15 +6,20 @@
 - ``parses``: does the output's complete part parse as Python? Generation stops at a token
   budget, so the last unit is usually cut; ``complete_part`` drops everything from the last line
   at the output's base indentation on (the unit that may be unfinished), then the rest must parse.
+- ``well_formed``: an ASPD answer's markup is sound (unique titles, every planned branch present,
+  nothing leaks into the text users read).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 
 import torch
 import torch.nn.functional as F
+
+from paradec.parallel.markup import BRANCH, END_BRANCH, END_PARA, END_TITLE, PARA, TITLE, strip_markup
 
 
 @torch.inference_mode()
@@ -56,3 +61,23 @@ def parses(text: str) -> bool:
     except (SyntaxError, ValueError):
         return False
     return True
+
+
+_GROUP = re.compile(r"((?:" + re.escape(TITLE) + r".*?" + re.escape(END_TITLE) + r")*)" + re.escape(PARA)
+                    + r"(.*?)(?:" + re.escape(END_PARA) + r"|$)", re.S)
+_MARKERS = (TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH)
+
+
+def well_formed(marked: str) -> bool:
+    """An ASPD answer (decoded with its markers) is well-formed when every plan's titles are
+    unique, every planned branch is there, in plan order, under its title, no title is left
+    without its group, and no marker is left in the text a user reads."""
+    for m in _GROUP.finditer(marked):
+        titles = re.findall(re.escape(TITLE) + r"(.*?)" + re.escape(END_TITLE), m.group(1), re.S)
+        branches = re.findall(re.escape(BRANCH) + r"(.*?):", m.group(2), re.S)
+        if len(set(titles)) != len(titles) or branches != titles:
+            return False
+    rest = _GROUP.sub("", marked)
+    if TITLE in rest:  # a plan that never opened its group
+        return False
+    return not any(t in strip_markup(marked) for t in _MARKERS)

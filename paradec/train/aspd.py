@@ -1,8 +1,13 @@
 """``paradec train aspd``: fine-tune a model to write ASPD markup, and its Seq twin.
 
-Data: windows of the stdlib's training files around groups of independent functions
-(``paradec.train.aspd_data``), marked up with the six ASPD tokens; every token of the window
-is a target. The ASPD model trains under the Indep mask with Same-Seq positions (a branch never
+Data, one of:
+- code (the bundled code model): windows of the stdlib's training files around groups of
+  independent functions (``paradec.train.aspd_data``); every token of the window is a target;
+- chat (``questions`` + ``answers``, an instruct model such as the default SmolLM2): answers to
+  non-evaluation questions whose lists and sections are independent
+  (``paradec.train.aspd_chat``), through the chat template; the answer tokens are the targets.
+
+Marked up with the six ASPD tokens (appended to the vocabulary when the base lacks them). The ASPD model trains under the Indep mask with Same-Seq positions (a branch never
 sees its siblings, every branch of a group starts at the same position), exactly the layout the
 hybrid engine decodes with; the Seq twin trains on the same windows with the markup removed
 and a plain causal mask: the fair baseline for speed and quality.
@@ -29,8 +34,9 @@ from tqdm import tqdm
 
 from paradec.errors import ParadecError
 from paradec.models import load_model
-from paradec.models.adapter import Adapter, AdapterConfig, copy_tokenizer
-from paradec.parallel.decode import Specials
+from paradec.models.adapter import DEFAULT_BASE, Adapter, AdapterConfig, copy_tokenizer, extend_vocab
+from paradec.models.gguf import resolve_model
+from paradec.parallel.grammar import Specials
 from paradec.train.aspd_data import Example, collate, examples_from_sources
 from paradec.train.corpus import read_split
 from paradec.train.lm import cosine_lr, save_atomic
@@ -54,6 +60,9 @@ class AspdTrainConfig:
     min_branches: int = 2  # train on windows whose group has at least this many branches
     seed: int = 0
     minutes: float | None = None  # wall-clock budget of this invocation (rerun to resume)
+    questions: str | None = None  # chat data: FastChat question.jsonl (non-evaluation questions)
+    answers: tuple[str, ...] = ()  # chat data: answer files to those questions
+    max_prompt_tokens: int = 192  # chat data: longer questions are skipped
 
 
 def load_examples(tokenizer, run_dir: Path, max_tokens: int) -> tuple[list[Example], list[Example]]:
@@ -71,8 +80,43 @@ def load_examples(tokenizer, run_dir: Path, max_tokens: int) -> tuple[list[Examp
     return ([Example(**e) for e in raw["train"]], [Example(**e) for e in raw["heldout"]])
 
 
-def _loss(model, adapter, seqs: list[list[int]], branch_open: int | None, branch_close: int | None) -> torch.Tensor:
-    x, y, pos, mask = collate(seqs, branch_open, branch_close)
+def load_chat_examples(tokenizer, run_dir: Path, cfg: AspdTrainConfig) -> tuple[list[Example], list[Example], dict]:
+    """(train, held-out, stats) from chat answers, cached in ``run_dir/examples_chat.json``."""
+    from paradec.train.aspd_chat import chat_examples, save_examples
+
+    path = run_dir / "examples_chat.json"
+    if not path.exists():
+        end = tokenizer.eos_token or ""
+        train, held, stats = chat_examples(cfg.questions, list(cfg.answers), tokenizer, end, cfg.max_tokens,
+                                           cfg.max_prompt_tokens, cfg.min_branches)
+        save_examples(path, train, held, stats)
+    raw = json.loads(path.read_text())
+
+    def ex(e: dict) -> Example:
+        return Example(e["prompt"] + e["marked"], e["prompt"] + e["plain"], len(e["prompt"]))
+
+    return [ex(e) for e in raw["train"]], [ex(e) for e in raw["heldout"]], raw["stats"]
+
+
+def aspd_tokenizer(base_dir: Path, add_markers: bool):
+    """The base's tokenizer; with ``add_markers``, ASPD's six tokens it lacks are added as
+    special tokens (-> tokenizer, the added token strings)."""
+    from transformers import AutoTokenizer
+
+    from paradec.parallel.markup import BRANCH, END_BRANCH, END_PARA, END_TITLE, PARA, TITLE
+
+    tok = AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
+    markers = [TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH]
+    have = tok.convert_tokens_to_ids(markers)
+    new = [m for m, i in zip(markers, have) if i is None or i == tok.unk_token_id]
+    if new and add_markers:
+        tok.add_special_tokens({"additional_special_tokens": new}, replace_extra_special_tokens=False)
+    return tok, tuple(new) if add_markers else ()
+
+
+def _loss(model, adapter, seqs: list[list[int]], branch_open: int | None, branch_close: int | None,
+          loss_from: list[int] | None = None) -> torch.Tensor:
+    x, y, pos, mask = collate(seqs, branch_open, branch_close, loss_from=loss_from)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = functional_call(model, adapter.merged(model), (x, pos, mask))
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
@@ -80,29 +124,39 @@ def _loss(model, adapter, seqs: list[list[int]], branch_open: int | None, branch
 
 def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, cfg: AspdTrainConfig) -> dict:
     """Train (or resume) one adapter in ``run_dir``; export it to ``out_dir``; returns the summary."""
-    from transformers import AutoTokenizer
-
-    base_dir, out_dir, run_dir = Path(base_dir), Path(out_dir), Path(run_dir)
+    base_arg, out_dir, run_dir = Path(base_dir), Path(out_dir), Path(run_dir)
+    base_dir = resolve_model(base_arg)  # a GGUF file is converted once (cached)
     if not (base_dir / "tokenizer.json").is_file():
-        raise ParadecError(f"no tokenizer.json in {base_dir}; pass base=PATH to a paradec-trained model")
+        raise ParadecError(f"no tokenizer.json in {base_dir}; pass base=PATH to a model directory or GGUF file")
+    chat = cfg.questions is not None
     run_dir.mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
-    sp = Specials.from_tokenizer(tok, "use a tokenizer from `paradec train tokenizer` (the zoo's has them)")
-    train, held = load_examples(tok, run_dir.parent, cfg.max_tokens)
+    tok, new_tokens = aspd_tokenizer(base_dir, add_markers=chat)
+    sp = Specials.from_tokenizer(tok, "use a tokenizer from `paradec train tokenizer` (the zoo's has them), "
+                                      "or chat data (questions=, answers=), which adds them")
+    if chat:
+        train, held, _ = load_chat_examples(tok, run_dir.parent, cfg)
+    else:
+        train, held = load_examples(tok, run_dir.parent, cfg.max_tokens)
     if cfg.min_branches > 2:  # the plan length the model learns follows the data's (held-out stays all)
         train = [e for e in train if e.marked.count(sp.branch) >= cfg.min_branches]
-        if not train:
-            raise ParadecError(f"no training window has {cfg.min_branches} branches; lower min_branches=")
+    if not train:
+        raise ParadecError(f"no training example has a group of {cfg.min_branches} branches; "
+                           "lower min_branches= or pass more answers")
     field = "plain" if cfg.twin else "marked"
     train_seqs = [getattr(e, field) for e in train]
     held_seqs = [getattr(e, field) for e in held]
+    train_from = [e.loss_from for e in train]
+    held_from = [e.loss_from for e in held]
     b_open, b_close = (None, None) if cfg.twin else (sp.branch, sp.end_branch)
+    if cfg.twin:
+        new_tokens = ()  # the twin never sees the markers: the base's vocabulary as it is
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = load_model(base_dir, torch.float32).requires_grad_(False)
+    extend_vocab(model, len(new_tokens))
     token_ids = () if cfg.twin else tuple(sorted(sp.ids))
-    acfg = AdapterConfig(base="", rank=cfg.rank, alpha=cfg.alpha, token_ids=token_ids)
+    acfg = AdapterConfig(base="", rank=cfg.rank, alpha=cfg.alpha, token_ids=token_ids, new_tokens=new_tokens)
     adapter = Adapter(model, acfg)
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     per_epoch = len(train_seqs) // cfg.batch_size
@@ -120,7 +174,7 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
 
     @torch.no_grad()
     def heldout_loss() -> float:
-        losses = [_loss(model, adapter, held_seqs[i: i + 16], b_open, b_close).item()
+        losses = [_loss(model, adapter, held_seqs[i: i + 16], b_open, b_close, held_from[i: i + 16]).item()
                   for i in range(0, len(held_seqs), 16)]
         return round(float(np.mean(losses)), 4)
 
@@ -137,16 +191,17 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         log.write(json.dumps({"step": 0, "heldout_loss": heldout_loss()}) + "\n")
     while step < total and time.perf_counter() - t0 < budget:
         epoch, k = divmod(step, per_epoch)
-        batch = [train_seqs[i] for i in order(epoch)[k * cfg.batch_size: (k + 1) * cfg.batch_size]]
+        picked = order(epoch)[k * cfg.batch_size: (k + 1) * cfg.batch_size]
+        batch = [train_seqs[i] for i in picked]
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, total, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-        loss = _loss(model, adapter, batch, b_open, b_close)
+        loss = _loss(model, adapter, batch, b_open, b_close, [train_from[i] for i in picked])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(adapter.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        tokens_seen += sum(len(s) - 1 for s in batch)
+        tokens_seen += sum(len(s) - 1 - train_from[i] for s, i in zip(batch, picked))
         rec = {"step": step, "loss": round(loss.item(), 4), "tokens_seen": tokens_seen,
                "elapsed_s": round(elapsed + time.perf_counter() - t0, 1)}
         if step % cfg.eval_every == 0 or step == total:
@@ -166,19 +221,31 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
                "trainable_params": sum(p.numel() for p in adapter.parameters()), "done": step >= total,
                "config": asdict(cfg)}
     if summary["done"]:
-        export_adapter(adapter, base_dir, out_dir, summary)
+        export_adapter(adapter, base_arg, out_dir, summary, tok if new_tokens else None)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def export_adapter(adapter: Adapter, base_dir: Path, out_dir: Path, summary: dict) -> None:
-    """adapter files + tokenizer into ``out_dir``, base recorded relative to it."""
+def export_adapter(adapter: Adapter, base_arg: Path, out_dir: Path, summary: dict, tokenizer=None) -> None:
+    """adapter files + tokenizer (``tokenizer``: the one with the added tokens) into ``out_dir``;
+    the base recorded relative to it, or as ``default`` for paradec's default model."""
+    from paradec.zoo import default_gguf
+
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        base = Path(os.path.relpath(base_dir.resolve(), out_dir.resolve())).as_posix()
-    except ValueError:  # another drive (Windows)
-        base = str(base_dir.resolve())
+        is_default = base_arg.resolve() == default_gguf().resolve()
+    except ParadecError:
+        is_default = False
+    if is_default:
+        base = DEFAULT_BASE
+    else:
+        try:
+            base = Path(os.path.relpath(base_arg.resolve(), out_dir.resolve())).as_posix()
+        except ValueError:  # another drive (Windows)
+            base = str(base_arg.resolve())
     adapter.cfg = AdapterConfig(**{**asdict(adapter.cfg), "base": base})
     adapter.save(out_dir)
-    copy_tokenizer(base_dir, out_dir)
+    copy_tokenizer(resolve_model(base_arg), out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out_dir))
     (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -23,6 +23,7 @@ from paradec.parallel.markup import Branch, Group, mark_up
 class Example:
     marked: list[int]  # token ids of the window with the group marked up
     plain: list[int]  # the same window, no markup (the Seq twin)
+    loss_from: int = 0  # the first this-many tokens are context only (a chat prompt): no loss
 
 
 def _line_start(text: str, pos: int) -> int:
@@ -75,8 +76,10 @@ def _example(source: str, branches, tokenizer, max_tokens: int, before: int, aft
     return Example(list(marked), list(tokenizer(window, add_special_tokens=False).input_ids))
 
 
-def collate(seqs: list[list[int]], branch_open: int | None, branch_close: int | None, pad: int = 0):
-    """-> inputs [b, T], labels [b, T] (-100 on padding), positions [b, T], mask [b, 1, T, T].
+def collate(seqs: list[list[int]], branch_open: int | None, branch_close: int | None, pad: int = 0,
+            loss_from: list[int] | None = None):
+    """-> inputs [b, T], labels [b, T] (-100 on padding and on the first ``loss_from[b]``
+    tokens' targets), positions [b, T], mask [b, 1, T, T].
 
     With ``branch_open=None`` the mask is plain causal (the Seq twin)."""
     width = max(len(s) for s in seqs) - 1
@@ -88,6 +91,8 @@ def collate(seqs: list[list[int]], branch_open: int | None, branch_close: int | 
         n = len(seq) - 1
         x[b, :n] = torch.tensor(seq[:-1])
         y[b, :n] = torch.tensor(seq[1:])
+        if loss_from:
+            y[b, : max(0, loss_from[b] - 1)] = -100  # targets inside the prompt
         if branch_open is None:
             pos[b, :n] = torch.arange(n)
             mask[b, 0, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
