@@ -106,7 +106,9 @@ class Engine:
         gen = self.config(**options)
         method = methods.get(gen.method)
         if method.stream is not None:  # a method with its own loop (ASPD) streams through it
-            yield from method.stream(self, self._encode(prompt, chat), gen)
+            for piece in method.stream(self, self._encode(prompt, chat), gen):
+                if piece:
+                    yield piece
             return
         if method.decode is not None:  # one without a stream of its own: its text in one piece
             text = method.decode(self, [self._encode(prompt, chat)], gen)[0].text

@@ -116,3 +116,38 @@ def test_generate_and_stream_aspd_spec(engine):
     cut = engine.generate(ids, method="aspd+spec", max_new_tokens=60, ignore_eos=True, stop=[stop])
     assert cut.finish_reason == "stop" and cut.text == spec.text[: spec.text.find(stop)]
     assert "".join(engine.stream(ids, method="aspd+spec", max_new_tokens=60, ignore_eos=True, stop=[stop])) == cut.text
+
+
+def test_served_aspd_and_aspd_spec_equal_generate(engine):
+    """`paradec serve` runs ASPD's own loop next to the scheduler's: concurrent aspd, aspd+spec
+    and ar requests, streamed or not, each get the text `generate` gives."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from paradec.serve import build_app
+    from test_serve import _Server
+
+    prompt = ("Write three helpers.\n<|title|>alpha<|/title|><|title|>beta<|/title|><|title|>gamma<|/title|>"
+              "<|para|>")
+    expected = {m: engine.generate(prompt, method=m, max_new_tokens=40, ignore_eos=True).text
+                for m in ("aspd", "aspd+spec", "ar")}
+    assert expected["aspd"] == expected["aspd+spec"]
+    app = build_app(engine, "tiny", max_batch=2, max_queue=16)
+    server = _Server(app)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        def one(job):
+            method, stream = job
+            kw = dict(model="tiny", prompt=prompt, max_tokens=40, temperature=0, extra_body={"method": method, "ignore_eos": True})
+            if stream:
+                return "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+            return client.completions.create(**kw).choices[0].text
+
+        jobs = [(m, s) for m in ("aspd", "aspd+spec", "ar") for s in (False, True)]
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(one, jobs))
+        assert got == [expected[m] for m, _ in jobs]
+    finally:
+        server.stop()

@@ -104,15 +104,17 @@ def test_bench_aspd_vs_ar_vs_seq_twin(tmp_path, base_dir, aspd_tok):
     prompts.write_text("import os\n\n\ndef left(a):\n")
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(tmp_path / "aspd"),
-                           "--twin", str(tmp_path / "twin"), "--methods", "ar,aspd,aspd-r0,seq-twin", "--prompts", str(prompts),
+                           "--twin", str(tmp_path / "twin"), "--methods", "ar,aspd,aspd-r0,seq-twin,base-ar,aspd+spec",
+                           "--prompts", str(prompts),
                            "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "results.json").read_text())
     recs = {r["method"]: r for r in result["records"]}
-    assert set(recs) == {"ar", "aspd", "aspd-r0", "seq-twin"}
+    assert set(recs) == {"ar", "aspd", "aspd-r0", "seq-twin", "base-ar", "aspd+spec"}
     for r in recs.values():
-        assert r["nll_twin"] > 0 and isinstance(r["parses"], bool) and r["tokens_per_s"] > 0
+        assert r["nll_twin"] > 0 and r["nll_base"] > 0 and isinstance(r["parses"], bool) and r["tokens_per_s"] > 0
+    assert recs["aspd+spec"]["identical_to_aspd"] is True and recs["aspd"]["well_formed"] in (0.0, 1.0)
     assert recs["aspd"]["identical_to_ar"] is None and recs["ar"]["identical_to_ar"] is True
     overall = {r["method"]: r for r in result["summary"] if r["category"] == "all"}
     assert overall["seq-twin"]["speedup_vs_seq-twin"] == 1.0 and overall["aspd"]["speedup_vs_ar"] > 0

@@ -38,6 +38,8 @@ PEERS = {"oracle": (), "hf": (), "hf-assisted": ("drafts",), "hf-pld": (), "seq-
          "base-ar": ("aspd_model",),
          "llamacpp": ("gguf",), "llamacpp-pld": ("gguf",)}
 HF = ("hf", "hf-assisted", "hf-pld")
+# methods lossless with respect to another method rather than to `ar` (checked when both run)
+SAME_TOKENS_AS = {"aspd+spec": "aspd"}
 LLAMACPP = ("llamacpp", "llamacpp-pld")
 
 
@@ -92,6 +94,7 @@ class BenchConfig:
     seed: int = 0
     stop_at_eos: bool = False
     chat: bool = True  # question.jsonl turns through the model's chat template (when it has one)
+    first_turn: bool = False  # a conversation's first turn only (MT-bench: no second-turn prompts)
     expansion: tuple[int, ...] | None = None  # specinfer's tree (None: SpecConfig's default)
     oracle_depth: int = 8
     exact: bool = True  # shape-invariant decode numerics (paradec.load's exact)
@@ -208,7 +211,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     bar = tqdm(total=len(groups) * len(methods) * cfg.repeats, desc="bench", disable=not progress)
     for gi, (group, batch) in enumerate(zip(groups, encoded)):
         references = {}
-        if cfg.temperature == 0:  # `ar`'s tokens per weight format: the oracle's knowledge and the identity check
+        needed = any(_lossless(m) for m in methods)  # ASPD's models decode their own text: no `ar` to match
+        if cfg.temperature == 0 and needed:  # `ar`'s tokens per weight format: the oracle's knowledge and the identity check
             for q in runners.engines:
                 references[q], _ = runners.run(f"ar@{q}", batch, None)
         reference = references.get(cfg.quant)
@@ -223,8 +227,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         for m in methods:
             wall, tokens, stats = sorted(timings[m], key=lambda x: x[0])[len(timings[m]) // 2]
             refs = references.get(split_method(m, cfg.quant)[1]) or [None] * len(group)
-            for p, ids, toks, st, ref in zip(group, batch, tokens, stats, refs):
+            same = SAME_TOKENS_AS.get(split_method(m)[0])
+            same = same and same in timings and sorted(timings[same], key=lambda x: x[0])[0][1]
+            for k, (p, ids, toks, st, ref) in enumerate(zip(group, batch, tokens, stats, refs)):
                 records.append(_record(p, m, wall, len(batch), toks, st, ref))
+                if same:
+                    records[-1][f"identical_to_{SAME_TOKENS_AS[split_method(m)[0]]}"] = toks == same[k]
                 if runners.twin is not None and (m == "ar" or not _lossless(m)):  # quality vs the Seq twin
                     records[-1]["nll_twin"] = nll(runners.twin.model, ids, toks)
                     records[-1]["parses"] = parses(tok.decode(toks))
@@ -262,7 +270,7 @@ def encode_prompts(engine, prompts: list[Prompt], cfg: BenchConfig) -> list[tupl
             out.append((p, tok.encode(p.text)))
             continue
         messages: list[dict] = []
-        for t, turn in enumerate(p.turns):
+        for t, turn in enumerate(p.turns[:1] if cfg.first_turn else p.turns):
             messages.append({"role": "user", "content": turn})
             ids = tok.encode_messages(messages)
             out.append((p if t == 0 else Prompt(f"{p.id}/turn{t + 1}", p.category, turn, p.turns), ids))
@@ -309,7 +317,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                 row[f"speedup_vs_{base}"] = statistics.mean(ratios) if ratios else None
             for key in ("tau", "nodes_per_step", "verified_per_step", "target_share", "ms_per_step",
                         "nll_twin", "nll_base", "parses", "degree_of_parallelism", "branches_per_group",
-                        "well_formed", "acceptance"):
+                        "well_formed", "acceptance", "identical_to_aspd"):
                 vals = [r[key] for r in mine if r.get(key) is not None]
                 row[key] = statistics.mean(vals) if vals else None
             depth = [r["accept_per_depth"] for r in mine if r.get("accept_per_depth")]
@@ -330,7 +338,7 @@ def write_outputs(result: dict, out_dir: str | Path) -> str:
     rows = [r for r in result["summary"] if r["category"] == "all"]
     cats = [r for r in result["summary"] if r["category"] != "all"]
     columns = COLUMNS + [c for c in ("speedup_vs_seq-twin", "degree_of_parallelism", "branches_per_group", "nll_base",
-                                     "nll_twin", "well_formed", "acceptance", "parses")
+                                     "nll_twin", "well_formed", "acceptance", "identical_to_aspd", "parses")
                          if any(r.get(c) is not None for r in rows)]
     table = markdown_table(rows, columns)
     if len({r["category"] for r in cats}) > 1:

@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
     b.add_argument("--expansion", type=_int_list, default=None,
                    help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)")
+    b.add_argument("--first-turn", action="store_true",
+                   help="conversations: the first turn only (MT-bench without its second-turn prompts)")
     b.add_argument("--no-chat", action="store_true",
                    help="question.jsonl turns as plain text (default: through the model's chat template)")
     b.add_argument("--out", required=True, help="directory for results.json, results.md, *.png")
@@ -238,7 +240,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
                       limit=args.limit, per_category=args.per_category,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
-                      seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat,
+                      seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat, first_turn=args.first_turn,
                       expansion=tuple(args.expansion) if args.expansion else None, exact=not args.no_exact,
                       quant=args.quant, quant_head=args.quant_head, threads=args.threads)
     result = run_bench(cfg)

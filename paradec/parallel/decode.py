@@ -238,6 +238,8 @@ def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: in
                 mask[r, 0, i, starts[r] + i] = True
         return model(x.to(dev), pos.to(dev), mask.to(dev), cache, prefill)  # [batch, n, vocab]
 
+    # inference mode per pass, never across a yield: a caller may interleave several of these
+    # generators (the server), and a mode left on or off by one would leak into the others
     with torch.inference_mode():
         prefill = [[_Item(t, i, i + 1, []) for i, t in enumerate(p[:-1])] for p in prompts]
         if any(prefill):  # all but the last token, like the main engine
@@ -246,7 +248,8 @@ def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: in
                 cache.advance(r, len(its))
                 if record:
                     rows[r].stats.trace += [(it.token, it.position, list(range(it.upto)), -1) for it in its]
-        while True:
+    while True:
+        with torch.inference_mode():
             items = [row.items(cache.lengths[r]) for r, row in enumerate(rows)]
             if not any(items):
                 break
@@ -265,9 +268,9 @@ def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: in
                     cache.truncate(r, row.truncate_to)
                     del row.stats.trace[row.truncate_to:]  # the trace is per cache slot
                     row.truncate_to = None
-            for row in rows:
-                row.stats.wall_s = time.perf_counter() - t0
-            yield rows
+        for row in rows:
+            row.stats.wall_s = time.perf_counter() - t0
+        yield rows
 
 
 def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,

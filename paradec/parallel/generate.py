@@ -9,7 +9,7 @@ pieces concatenate to ``generate``'s text.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from functools import partial
 
 from paradec.parallel.decode import _RowDecoder, aspd_decode_batch, aspd_steps
@@ -72,29 +72,33 @@ def generate_aspd(engine, prompts: list[list[int]], gen) -> list[Generation]:
     return out
 
 
-def stream_aspd(engine, prompt: list[int], gen) -> Iterator[str]:
-    """``Engine.stream(method="aspd")``: the text of one prompt in plan order, piece by piece.
-    Holds back what a stop string or an unfinished UTF-8 sequence may still change; a stop
-    string ends the stream (and the decode)."""
+def stream_aspd(engine, prompt: list[int], gen) -> Generator[str, None, tuple[str, int]]:
+    """``Engine.stream(method="aspd")``: the text of one prompt in plan order, one piece per
+    forward pass ("" when a pass showed nothing new: a plan being decoded, a later branch), so
+    a server can interleave it with other work pass by pass. Holds back what a stop string or
+    an unfinished UTF-8 sequence may still change; a stop string ends the stream (and the
+    decode). Returns (finish reason, marked tokens decoded)."""
     hf = engine.tokenizer.hf
     sp, eos, budget = _setup(engine, [prompt], gen)
     hold = max((len(s) for s in gen.stop), default=1) - 1
-    sent, text, rows = 0, "", []
+    sent, text, rows, reason = 0, "", [], None
     for rows in aspd_steps(engine.model, sp, [prompt], budget, eos, title_retries=gen.spec.title_retries, **_rows(gen)):
         text = _plain(hf, rows[0].visible()[:budget])
         cut = _first_stop(text, gen.stop)
         if cut >= 0:
-            text = text[:cut]
+            text, reason = text[:cut], "stop"
             break
         safe = max(sent, len(text) - hold)
         while safe > sent and text[safe - 1] == "\ufffd":
             safe -= 1
-        if safe > sent:
-            yield text[sent:safe]
-            sent = safe
+        yield text[sent:safe]
+        sent = max(sent, safe)
     else:
-        text = _plain(hf, rows[0].new[:budget]) if rows else ""
+        ids = rows[0].new[:budget] if rows else []
+        text = _plain(hf, ids)
         cut = _first_stop(text, gen.stop)
         text = text[:cut] if cut >= 0 else text
+        reason = "stop" if cut >= 0 else "eos" if ids and ids[-1] in eos else "length"
     if len(text) > sent:
         yield text[sent:]
+    return reason, len(rows[0].new[:budget]) if rows else 0

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from paradec import methods
 from paradec.errors import ParadecError
+from paradec.parallel.grammar import Specials
 from paradec.serve.worker import Job, QueueFull, Worker
 
 MAX_BODY_BYTES = 1 << 20
@@ -82,7 +83,13 @@ def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_
     worker (``paradec.serve.run`` does both)."""
     app = FastAPI(title="paradec", docs_url=None, redoc_url=None)
     engine = worker.engine
-    served = [m for m in methods.names() if methods.get(m).drafter is not None]
+    try:  # ASPD's methods need a model that writes its markup
+        Specials.from_tokenizer(engine.tokenizer.hf)
+        aspd = True
+    except ParadecError:
+        aspd = False
+    served = [m for m in methods.names() if methods.get(m).drafter is not None
+              or (aspd and "aspd_model" in methods.get(m).needs)]
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):

@@ -6,6 +6,10 @@ while cache rows are free (each is prefilled alone and joins the running batch),
 new text. A finished or cancelled request leaves and frees its row at the next step. Each
 request is its own group: its own drafter state (SSM caches, n-gram tables; ProPD's policy
 is the engine's, learned per batch size) and its own sampling settings and seeded generator.
+
+A method with a loop of its own (ASPD's hybrid decoder: ``aspd``, ``aspd+spec``) cannot share
+the scheduler's cache; such a request runs its own stream, advanced one forward pass per
+worker step, interleaved with the scheduler's steps (at most ``max_batch`` of them at once).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Generator
 from typing import Callable
 
 from paradec import methods
@@ -44,6 +49,7 @@ class Job:
     error: str | None = None
     group: Group | None = None
     cancelled: bool = False
+    own: Generator | None = None  # a method with its own loop: its stream, one piece per pass
 
 
 class Worker:
@@ -56,6 +62,9 @@ class Worker:
         self.waiting: queue.Queue[Job] = queue.Queue(max_queue)
         self.metrics = metrics or Metrics()
         self.jobs: dict[Group, Job] = {}
+        self.own: list[Job] = []  # requests of methods with their own loop (ASPD)
+        self.max_own = max_batch
+        self._held: Job | None = None  # taken from the queue, waiting for a free place
         self._stop = threading.Event()
         self._thread = threading.Thread()  # set by start(); run() may also be called on the main thread
 
@@ -91,7 +100,10 @@ class Worker:
         """The engine loop, until ``request_stop``; then every request still here ends as cancelled."""
         while not self._stop.is_set():
             self._admit()
+            self._step_own()
             if not self.scheduler.groups:
+                if self.own:
+                    continue
                 try:
                     job = self.waiting.get(timeout=0.05)
                 except queue.Empty:
@@ -107,14 +119,39 @@ class Worker:
                 continue
             self.metrics.observe_step(time.perf_counter() - t, batch)
             self._reap()
-        for job in list(self.jobs.values()) + self._drain():
+        held = [self._held] if self._held is not None else []
+        for job in list(self.jobs.values()) + self.own + held + self._drain():
             job.finish_reason, job.error = "cancelled", "the server is shutting down"
             job.emit(None, job)
+        self.own.clear()
+
+    def _step_own(self) -> None:
+        """One forward pass of every running request of a method with its own loop."""
+        for job in list(self.own):
+            try:
+                if job.cancelled:
+                    job.own.close()
+                    raise StopIteration(("cancelled", job.completion_tokens))
+                piece = next(job.own)
+                if piece:
+                    job.sent += len(piece)
+                    job.emit(piece, job)
+            except StopIteration as end:
+                job.finish_reason, job.completion_tokens = end.value or ("length", 0)
+                self.own.remove(job)
+                job.emit(None, job)
+            except Exception as exc:  # a bug fails this request only: its state is its own
+                job.error, job.finish_reason = f"the engine failed: {type(exc).__name__}: {exc}", "error"
+                self.metrics.errors.inc()
+                self.own.remove(job)
+                job.emit(None, job)
 
     def _admit(self, job: Job | None = None) -> None:
         """Admit ``job`` and then waiting jobs while rows are free (a job that does not fit the
         cache is failed, not left waiting)."""
         while True:
+            if job is None and self._held is not None:
+                job, self._held = self._held, None
             if job is None:
                 if not self.scheduler.free_rows:
                     return
@@ -126,9 +163,19 @@ class Worker:
             if job.cancelled:
                 job = None
                 continue
+            method = methods.get(job.gen.method)
+            if method.stream is not None:  # its own loop: a stream of its own, not scheduler rows
+                if len(self.own) >= self.max_own:
+                    self._held = job  # first in line at the next step
+                    return
+                self.metrics.prompt_tokens.inc(len(job.ids))
+                job.own = method.stream(self.engine, job.ids, job.gen)
+                self.own.append(job)
+                job = None
+                continue
             try:
                 rows = self.engine._rows([job.ids], job.gen)
-                drafter = methods.get(job.gen.method).drafter(self.engine, job.gen)
+                drafter = method.drafter(self.engine, job.gen)
                 if not self.scheduler.fits(rows, drafter):
                     raise ValueError(f"method {job.gen.method} with these options proposes trees of up to "
                                      f"{drafter.max_nodes} nodes; this server reserves {TREE_SCRATCH}")
