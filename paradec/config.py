@@ -216,6 +216,8 @@ class SpecConfig:
     deterministic: bool = False  # medusa/propd: a fixed-size tree from statistics that start at the prior each
     # call, never from measured time, so a seed fixes sampled text (propd: pruning on every pass)
     title_retries: int = 3  # ASPD: times a title that repeats the plan is decoded again (0: it ends the plan)
+    eagle_topk: int = 4  # EAGLE: children per expanded node, nodes expanded per depth
+    eagle_depth: int = 5  # EAGLE: depth of the drafted tree
     aspd_draft: int = 0  # ASPD: prompt-lookup tokens drafted after every branch / serial token (aspd+spec: 4)
 
     def __post_init__(self) -> None:
@@ -236,6 +238,8 @@ class SpecConfig:
             raise ParadecError("ngram, num_draft and ngram_branches must be >= 1")
         if self.title_retries < 0:
             raise ParadecError(f"title_retries must be >= 0, got {self.title_retries}")
+        if not (1 <= self.eagle_topk <= 16 and 1 <= self.eagle_depth <= 16):
+            raise ParadecError("eagle_topk and eagle_depth must be in [1, 16]")
         if not 0 <= self.aspd_draft <= MAX_TREE_NODES:
             raise ParadecError(f"aspd_draft must be in [0, {MAX_TREE_NODES}], got {self.aspd_draft}")
         if self.acceptor not in ACCEPTORS:

@@ -21,6 +21,7 @@ from paradec.draft import Drafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.gguf import resolve_model
+from paradec.models.eagle import EagleHead, load_eagle
 from paradec.models.heads import Heads, load_heads
 from paradec.models.quant import QUANTS, quantize_linears
 from paradec.policy import TreePolicy
@@ -49,6 +50,7 @@ class Engine:
         self.device = model.embed.weight.device
         self.drafts: list[Transformer] = []
         self.heads: Heads | None = None
+        self.eagle: EagleHead | None = None  # EAGLE's draft head (shares this model's embedding and LM head)
         self.quant = "none"  # weight format of the target's linears (``load(quant=...)``)
         self.policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
 
@@ -56,6 +58,10 @@ class Engine:
         """Load Medusa heads (+ the early-pruning head) trained for this target."""
         cfg = self.model.config
         self.heads = load_heads(path, cfg.hidden_size, cfg.rms_norm_eps, self.model.embed.weight.dtype, self.device)
+
+    def load_eagle(self, path: str | Path) -> None:
+        """Load an EAGLE draft head trained for this target (``paradec train eagle``)."""
+        self.eagle = load_eagle(path, self.model.config, self.model.embed.weight.dtype, self.device)
 
     def load_drafts(self, paths: list[str | Path]) -> None:
         """Load SSMs for ``specinfer``; each must share the target's tokenizer."""
@@ -237,7 +243,8 @@ def _as_batch(prompts) -> tuple[bool, list]:
 
 
 def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str = "cpu",
-         drafts: list[str | Path] = (), heads: str | Path | None = None, exact: bool = True,
+         drafts: list[str | Path] = (), heads: str | Path | None = None, eagle: str | Path | None = None,
+         exact: bool = True,
          quant: str = "none", quant_head: str | None = None, threads: int | None = None,
          warmup: bool = True) -> Engine:
     """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
@@ -249,6 +256,7 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
     when quantized). Every method is then lossless against that quantized model. Draft models
     get the same quantization.
 
+    ``eagle``: an EAGLE draft head for this model (methods ``eagle``, ``eagle+propd``).
     ``threads``: torch's CPU threads (default: torch's own choice, the physical cores).
     ``warmup``: run a few tiny passes (an `ar` step and a verified tree) so the first request does
     not pay for kernel set-up.
@@ -282,6 +290,8 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
     engine.load_drafts(list(drafts))
     if heads is not None:
         engine.load_heads(heads)
+    if eagle is not None:
+        engine.load_eagle(eagle)
     if warmup:
         engine.warmup()
     return engine

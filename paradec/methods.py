@@ -17,15 +17,17 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
 from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig
+from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer
+from paradec.models.eagle import EagleHead
 from paradec.models.heads import Heads
 from paradec.policy import TreePolicy
 from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
 
 # what a method may need loaded: draft models, Medusa heads, an early head, a model fine-tuned for it
-NEEDS = ("drafts", "heads", "early_head", "aspd_model")
+NEEDS = ("drafts", "heads", "early_head", "aspd_model", "eagle")
 
 
 class Target(Protocol):
@@ -34,6 +36,7 @@ class Target(Protocol):
     model: Transformer
     drafts: list[Transformer]
     heads: Heads | None
+    eagle: EagleHead | None
     policies: dict[tuple, TreePolicy]  # ProPD's online statistics, kept across calls
     quant: str  # the target's weight format (models.quant)
 
@@ -62,7 +65,8 @@ class Method:
         its tokenizer's branch tokens, which the hybrid decoder checks)."""
         heads = target.heads
         have = {"drafts": bool(target.drafts), "heads": heads is not None,
-                "early_head": heads is not None and heads.early is not None, "aspd_model": True}
+                "early_head": heads is not None and heads.early is not None, "aspd_model": True,
+                "eagle": target.eagle is not None}
         return [n for n in self.needs if not have[n]]
 
     def check(self, target: Target, gen: GenerationConfig) -> None:
@@ -72,6 +76,8 @@ class Method:
             raise ParadecError(f"method {self.name} needs draft models; load them (drafts=PATH)")
         if "heads" in missing:
             raise ParadecError(f"method {self.name} needs Medusa heads; load them (heads=PATH)")
+        if "eagle" in missing:
+            raise ParadecError(f"method {self.name} needs an EAGLE draft head; load it (eagle=PATH)")
         if gen.spec.prune and (target.heads is None or target.heads.early is None):
             raise ParadecError(f"method {self.name} prunes with an early head and these heads have none "
                                "(set prune=False)")
@@ -151,6 +157,19 @@ def _heads(target: Target, gen: GenerationConfig) -> Drafter:
     return HeadDrafter(heads, target.model.lm_head, policy, max_rank=len(prior[0]), step_scores=step_scores)
 
 
+def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
+    """EAGLE-2: the draft head's dynamic tree; its size fixed, or ProPD's cost model's (per target,
+    like ProPD's policy: it describes this model on this machine)."""
+    spec = gen.spec
+    cost = None
+    if spec.dynamic:
+        key = ("eagle", id(target.eagle))
+        cost = target.policies.setdefault(key, EagleCostModel())
+    nodes = spec.tree_nodes if spec.tree_nodes is not None else DEFAULT_TREE_NODES
+    return EagleDrafter(target.eagle, target.model.embed, target.model.lm_head, gen.sampling, spec.eagle_topk,
+                        spec.eagle_depth, nodes, cost)
+
+
 def _aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:
     from paradec.parallel.generate import generate_aspd
 
@@ -185,6 +204,10 @@ for _m in (
            needs=("heads",), options={**PROPD, "prune": False}),
     Method("propd+step", "ProPD, nodes scored by this step's calibrated head probabilities", drafter=_heads,
            needs=("heads", "early_head"), options={**PROPD, "step_scores": True}),
+    Method("eagle", "EAGLE-2: a feature-level draft head grows a dynamic tree; the top-m by draft confidence "
+           "are verified", drafter=_eagle, needs=("eagle",)),
+    Method("eagle+propd", "EAGLE-2's dynamic tree, its size chosen each step by ProPD's online cost model",
+           drafter=_eagle, needs=("eagle",), options={"dynamic": True}),
     # an ASPD model's own output (fine-tuned with branch tokens), not the base model's: not lossless
     Method("aspd", "ASPD: hybrid serial/parallel decoding of an ASPD model's branches", decode=_aspd,
            stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False),

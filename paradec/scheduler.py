@@ -75,9 +75,10 @@ class Scheduler:
             raise RuntimeError("the rows do not fit the cache (check free_rows and fits first)")
         group = Group(rows, gen, drafter, self.cache.add_rows(len(rows)))
         with torch.inference_mode(), self.cache.rows(group.first, len(rows)) as cache:
-            prefill(self.target.model, rows, cache)
+            h = prefill(self.target.model, rows, cache)
+            features = None if h is None else self.target.model.norm(h)
         max_len = max(len(r.tokens) + r.budget for r in rows) + 1
-        drafter.begin([r.tokens for r in rows], max_len)
+        drafter.begin([r.tokens for r in rows], max_len, features)
         prefill_s = time.perf_counter() - group.start
         for row in rows:
             row.stats.prefill_s = prefill_s
@@ -128,7 +129,7 @@ class Scheduler:
         committed = self._append(row, accepted + [verdict.bonus], g.gen)
         nodes = verdict.nodes[: len(committed)]  # EOS / budget may cut the path
         self.cache.commit(b, [ver.slot(b, n) for n in nodes])
-        g.drafter.commit(i, accepted, verdict.bonus, ver.hidden[b, verdict.nodes[-1]])
+        g.drafter.commit(i, accepted, verdict.bonus, ver.hidden[b, verdict.nodes])
         if ver.early_top is not None:
             # was the target's next token in the early head's top-k at the last node?
             top = ver.early_top[b].get(ver.slot(b, verdict.nodes[-1]))
@@ -197,12 +198,13 @@ class Scheduler:
         return new
 
 
-def prefill(model, rows: list[Row], cache) -> None:
-    """Put every token but the root of each row into ``cache`` (right-padded batch)."""
+def prefill(model, rows: list[Row], cache) -> torch.Tensor | None:
+    """Put every token but the root of each row into ``cache`` (right-padded batch). Returns
+    their hidden states [rows, width, hidden] (not normed), None when there are none."""
     lengths = [len(r.tokens) - 1 for r in rows]
     width = max(lengths)
     if width == 0:
-        return
+        return None
     tokens = torch.zeros(len(rows), width, dtype=torch.long)
     for b, row in enumerate(rows):
         tokens[b, : lengths[b]] = torch.tensor(row.tokens[:-1])
@@ -210,9 +212,10 @@ def prefill(model, rows: list[Row], cache) -> None:
     # plain causal: a real query never sees padding, a padding query sees only finite rows
     causal = torch.ones(width, width, dtype=torch.bool).tril()[None, None]
     dev = model.embed.weight.device
-    model.hidden(tokens.to(dev), pos.to(dev), causal.to(dev), cache, prefill=True)
+    h = model.hidden(tokens.to(dev), pos.to(dev), causal.to(dev), cache, prefill=True)
     for b, n in enumerate(lengths):
         cache.advance(b, n)
+    return h
 
 
 def verify_forward(model, trees: list, cache) -> tuple[torch.Tensor, torch.Tensor]:

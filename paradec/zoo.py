@@ -69,6 +69,16 @@ def aspd_twin(model: str | Path) -> Path | None:
     return twin if (twin / "adapter.json").is_file() else None
 
 
+def zoo_eagle(model: str | Path) -> Path | None:
+    """The EAGLE head the zoo ships for ``model`` (the default model's: ``zoo/smollm2/eagle``)."""
+    try:
+        default = Path(model).resolve() == default_gguf().resolve()
+    except ParadecError:
+        default = False
+    head = ZOO / DEFAULT_ZOO / "eagle"
+    return head if default and (head / "eagle.json").is_file() else None
+
+
 def companions(model: str | Path) -> tuple[list[Path], Path | None]:
     """(SSM pool, heads) shipped in the zoo for ``model``: ``zoo/smollm2/`` for the default
     model's GGUF file, ``zoo/ssm*`` and ``zoo/heads`` for the bundled code model; none for any

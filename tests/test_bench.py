@@ -23,12 +23,16 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
     for p in list(medusa.parameters()) + list(early.block.parameters()):
         torch.nn.init.normal_(p, std=0.3)
     save_heads(Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1]], "tree_nodes": 4}), tmp_path / "heads")
+    from paradec.models import load_model
+    from paradec.models.eagle import EagleHead
+
+    EagleHead(load_model(llama_dir).config).save(tmp_path / "eagle", {})
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in
                                  enumerate([("code", "def add(a, b):"), ("prose", "The quick brown fox")])))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--draft", str(draft),
-                           "--heads", str(tmp_path / "heads"),
+                           "--heads", str(tmp_path / "heads"), "--eagle", str(tmp_path / "eagle"),
                            "--methods", ",".join(methods), "--prompts", str(prompts), "--max-new-tokens", "16",
                            "--dtype", "fp32", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -40,7 +44,7 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
     overall = {r["method"]: r for r in result["summary"] if r["category"] == "all"}
     assert set(overall) == set(methods)
     for m in ("ar", "specinfer", "specinfer+ngram", "pld", "oracle", "medusa", "medusa+prune", "medusa+dynamic",
-              "propd"):
+              "propd", "eagle", "eagle+propd"):
         assert overall[m]["identical_to_ar"] == 1.0 and overall[m]["tau"] >= 1.0
     assert overall["oracle"]["tau"] > 4  # a perfect 8-deep chain commits ~9 tokens per pass
     assert {"code", "prose"} <= {r["category"] for r in result["summary"]}

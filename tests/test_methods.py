@@ -21,9 +21,18 @@ N_NEW = 20
 
 
 @pytest.fixture(scope="module")
-def engine(llama_dir, drafters):
+def engine(llama_dir, drafters, tmp_path_factory):
+    import torch
+
+    from paradec.models.eagle import EagleHead
+
     draft, heads = drafters
-    return paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads)
+    engine = paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("eagle") / "head"
+    EagleHead(engine.model.config).save(path, {})
+    engine.load_eagle(path)
+    return engine
 
 
 TREE_METHODS = [m.name for m in methods.methods() if m.lossless and m.drafter is not None]
@@ -52,7 +61,7 @@ class EchoDrafter(DrafterHooks):
 
     max_nodes = 3
 
-    def begin(self, prompts, max_len):
+    def begin(self, prompts, max_len, features=None):
         pass
 
     def propose(self, sequences, generators):

@@ -82,6 +82,7 @@ class BenchConfig:
     out: str
     drafts: tuple[str, ...] = ()
     heads: str | None = None
+    eagle: str | None = None  # EAGLE draft head (eagle, eagle+propd)
     twin: str | None = None  # the Seq twin of an ASPD model (seq-twin; NLL reference)
     limit: int | None = None
     per_category: int | None = None
@@ -119,6 +120,8 @@ class BenchConfig:
                 raise ParadecError(f"{m} needs a draft model; pass drafts=PATH")
             if "heads" in needs and not self.heads:
                 raise ParadecError(f"{m} needs Medusa heads; pass heads=PATH")
+            if "eagle" in needs and not self.eagle:
+                raise ParadecError(f"{m} needs an EAGLE draft head; pass eagle=PATH")
             if "twin" in needs and not self.twin:
                 raise ParadecError(f"{m} needs the Seq twin of the ASPD model; pass twin=PATH")
             base = split_method(m)[0]
@@ -134,7 +137,7 @@ class Runners:
         model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
         quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
         self.engines = {q: load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
-                                heads=cfg.heads, exact=cfg.exact, quant=q, quant_head=cfg.quant_head,
+                                heads=cfg.heads, eagle=cfg.eagle, exact=cfg.exact, quant=q, quant_head=cfg.quant_head,
                                 threads=cfg.threads) for q in quants}
         self.engine = self.engines[cfg.quant]
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None

@@ -14,7 +14,7 @@ from paradec import methods
 from paradec.cli.common import Parser, add_model_args, flag_message, model_and_drafters, writable_dir
 from paradec.cli.serve import add_serve_parsers, cmd_bench_serve, cmd_serve
 from paradec.cli.train import add_train_parser, cmd_train
-from paradec.config import ACCEPTORS, PLD_DRAFT_TOKENS, GenerationConfig, SamplingConfig, SpecConfig
+from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig, SamplingConfig, SpecConfig
 from paradec.errors import ParadecError
 from paradec.models.quant import QUANTS
 
@@ -43,7 +43,8 @@ def _int_list(text: str) -> list[int]:
 SPEC_FLAGS = {"expansion": "expansion", "with_ngram": "with_ngram", "ngram": "max_ngram", "num_draft": "num_draft",
               "ngram_branches": "ngram_branches", "acceptor": "acceptor", "tree_nodes": "tree_nodes",
               "no_prune": "prune", "static_tree": "dynamic", "step_scores": "step_scores",
-              "prune_topk": "prune_topk", "title_retries": "title_retries", "deterministic": "deterministic"}
+              "prune_topk": "prune_topk", "title_retries": "title_retries", "deterministic": "deterministic",
+              "eagle_topk": "eagle_topk", "eagle_depth": "eagle_depth", "aspd_draft": "aspd_draft"}
 
 
 def _add_spec(p: argparse.ArgumentParser) -> None:
@@ -59,7 +60,14 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
                    help=f"prompt lookup: distinct continuations (default {d.ngram_branches})")
     p.add_argument("--acceptor", choices=ACCEPTORS, **quiet,
                    help=f"sampling acceptance (default {d.acceptor}; typical is LOSSY: medusa's typical acceptance)")
-    p.add_argument("--tree-nodes", type=int, **quiet, help="medusa: static tree size (default: the heads' own)")
+    p.add_argument("--tree-nodes", type=int, **quiet,
+                   help=f"medusa: static tree size (default: the heads' own); eagle: nodes verified (default "
+                        f"{DEFAULT_TREE_NODES})")
+    p.add_argument("--eagle-topk", type=int, **quiet,
+                   help=f"eagle: children per expanded node and nodes expanded per depth (default {d.eagle_topk})")
+    p.add_argument("--eagle-depth", type=int, **quiet, help=f"eagle: depth of the drafted tree (default {d.eagle_depth})")
+    p.add_argument("--aspd-draft", type=int, **quiet,
+                   help="aspd: prompt-lookup tokens drafted after every branch and serial token (aspd+spec: 4)")
     p.add_argument("--no-prune", action="store_false", **quiet, help="propd: switch early pruning off (ablation)")
     p.add_argument("--static-tree", action="store_false", **quiet, help="propd: fixed tree size (ablation)")
     p.add_argument("--step-scores", action="store_true", **quiet,
@@ -168,8 +176,8 @@ def _generation_options(args: argparse.Namespace) -> dict:
 def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
 
-    model, drafts, heads = model_and_drafters(args, set(methods.get(args.method).needs))
-    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
+    model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads, eagle=eagle,
                           exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
                           threads=args.threads)
     kwargs = dict(_generation_options(args), chat=args.chat)
@@ -187,8 +195,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
     import paradec
     from paradec.chat import chat_loop
 
-    model, drafts, heads = model_and_drafters(args, set(methods.get(args.method).needs))
-    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads,
+    model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
+    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads, eagle=eagle,
                           exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
                           threads=args.threads)
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
@@ -227,7 +235,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     names = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     needs = set().union(*(method_needs(m) for m in names))
-    model, drafts, heads = model_and_drafters(args, needs, whole_pool=len(names) > 1)
+    model, drafts, heads, eagle = model_and_drafters(args, needs, whole_pool=len(names) > 1)
     twin = args.twin
     if "aspd_model" in needs:
         twin = twin or aspd_twin(model)
@@ -236,7 +244,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     writable_dir(Path(args.out), "--out")  # before the run, not after it
     cfg = BenchConfig(model=str(model), methods=names, twin=str(twin) if twin else None,
                       prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts),
-                      heads=str(heads) if heads else None,
+                      heads=str(heads) if heads else None, eagle=str(eagle) if eagle else None,
                       limit=args.limit, per_category=args.per_category,
                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,

@@ -74,6 +74,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", action="append", default=[], metavar="PATH",
                    help="draft model (SSM) for specinfer; repeat to merge several")
     p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
+    p.add_argument("--eagle", default=None, metavar="PATH", help="EAGLE draft head for eagle/eagle+propd")
     p.add_argument("--quant", default="none", choices=QUANTS,
                    help="weight-only quantized linears on the CPU: int8 (per channel) or int4 (groups of 32; a GGUF "
                         "Q4_1 file maps to it as it is); methods are lossless against the quantized model")
@@ -86,17 +87,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def model_and_drafters(args: argparse.Namespace, needs: set[str], whole_pool: bool = False) -> tuple:
-    """(model, drafts, heads) for a command: the default model (SmolLM2-135M-Instruct) unless
-    --model says otherwise, with the zoo's drafters for it where the methods need them."""
-    from paradec.zoo import bundled_aspd, companions, default_gguf
+    """(model, drafts, heads, eagle) for a command: the default model (SmolLM2-135M-Instruct)
+    unless --model says otherwise, with the zoo's drafters for it where the methods need them."""
+    from paradec.zoo import bundled_aspd, companions, default_gguf, zoo_eagle
 
-    model, drafts, heads = args.model, list(args.draft), args.heads
+    model, drafts, heads, eagle = args.model, list(args.draft), args.heads, args.eagle
     if model is None and "aspd_model" in needs:  # the zoo's ASPD adapter over the default model
-        return bundled_aspd(), drafts, heads
+        return bundled_aspd(), drafts, heads, eagle
     model = model if model is not None else default_gguf()
     pool, zoo_heads = companions(model)
     if not drafts and "drafts" in needs:
         drafts = pool if whole_pool else pool[:1]  # one SSM: the fastest of the pool here
     if heads is None and "heads" in needs:
         heads = zoo_heads
-    return model, drafts, heads
+    if eagle is None and "eagle" in needs:
+        eagle = zoo_eagle(model)
+    return model, drafts, heads, eagle

@@ -24,9 +24,10 @@ def add_serve_parsers(sub) -> None:
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching; /v1/completions, "
                                       "/v1/chat/completions, /v1/models, /health, /metrics)")
     add_model_args(sv)
-    served = [m.name for m in methods.methods() if m.drafter]
+    served = [m.name for m in methods.methods()]
     sv.add_argument("--method", default="ar", choices=served, metavar="METHOD",
-                    help="the default method; a request may name another in its `method` field: " + ", ".join(served))
+                    help="the default method; a request may name another in its `method` field: " + ", ".join(served)
+                         + " (aspd methods: with an ASPD model, e.g. the default for --method aspd)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--max-batch", type=int, default=8, help="requests decoding together (KV cache rows)")
@@ -63,13 +64,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise ParadecError("--max-batch, --max-queue and --max-tokens-limit must be >= 1 and --port in 1..65535")
     if args.replicas < 0 or (args.ray_address and not args.replicas):
         raise ParadecError("--replicas must be >= 0, and --ray-address needs --replicas N")
-    needs = {n for m in methods.methods() if m.drafter for n in m.needs}  # a request may ask any method
-    model, drafts, heads = model_and_drafters(args, needs)
+    # a request may ask any shared-loop method; an own-loop one (ASPD) is served when --method names it
+    needs = {n for m in methods.methods() if m.drafter for n in m.needs} | set(methods.get(args.method).needs)
+    model, drafts, heads, eagle = model_and_drafters(args, needs)
     name = args.model_name or Path(str(model)).name
     app_options = dict(method=args.method, max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key,
                        max_tokens_limit=args.max_tokens_limit)
     load_options = dict(model_dir=str(model), dtype=args.dtype, device=args.device, drafts=[str(d) for d in drafts],
-                        heads=None if heads is None else str(heads), exact=not args.no_exact, quant=args.quant,
+                        heads=None if heads is None else str(heads), eagle=None if eagle is None else str(eagle),
+                        exact=not args.no_exact, quant=args.quant,
                         quant_head=args.quant_head, threads=args.threads)
     if args.replicas:
         import importlib.util

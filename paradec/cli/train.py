@@ -42,6 +42,15 @@ def add_train_parser(sub) -> None:
     th.add_argument("--epochs", type=int, default=3)
     th.add_argument("--questions", default=None, metavar="FILE",
                     help="chat model: train on the target's answers to these questions (question.jsonl)")
+    te = tsub.add_parser("eagle", help="EAGLE draft head (one decoder layer on the target's features; frozen target)")
+    te.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
+    te.add_argument("--out", required=True)
+    te.add_argument("--questions", required=True, metavar="FILE",
+                    help="train on the target's answers to these questions (question.jsonl; never an evaluation set)")
+    te.add_argument("--run-dir", default="runs/zoo", help="answers, features, resumable state and logs")
+    te.add_argument("--epochs", type=float, default=3.0)
+    te.add_argument("--lr", type=float, default=1e-3)
+    te.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
     ta = tsub.add_parser("aspd", help="ASPD fine-tune (LoRA adapter) of a model: on chat answers whose lists and "
                                       "sections are independent (--questions/--answers), or on stdlib function groups")
     ta.add_argument("--base", required=True, help="the model to fine-tune: a directory or a GGUF file")
@@ -129,6 +138,17 @@ def cmd_train(args: argparse.Namespace) -> None:
         else:
             meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
         print(json.dumps({k: meta[k] for k in ("top1", "top5", "early_topk_recall", "expected_tau_static")}))
+    elif args.what == "eagle":
+        from paradec.train.eagle import EagleTrainConfig, train_eagle
+
+        if args.epochs <= 0 or args.lr <= 0:
+            raise ParadecError("--epochs and --lr must be > 0")
+        if not Path(args.questions).is_file():
+            raise ParadecError(f"--questions {args.questions}: no such file; pass a FastChat question.jsonl")
+        writable_dir(Path(args.out), "--out")
+        cfg = EagleTrainConfig(epochs=args.epochs, lr=args.lr, min_lr=args.lr / 10, minutes=args.minutes)
+        summary = train_eagle(args.target, args.out, args.run_dir, args.questions, cfg)
+        print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
     elif args.what == "aspd":
         from paradec.train.aspd import AspdTrainConfig, train_aspd
 

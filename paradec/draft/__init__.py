@@ -28,10 +28,14 @@ class Drafter(Protocol):
     @property
     def prune_next(self) -> bool: ...  # whether the next verification pass may be pruned (ProPD)
 
-    def begin(self, prompts: list[list[int]], max_len: int) -> None: ...
+    # features [rows, width, hidden]: the target's final normed hidden states of each prompt's
+    # tokens but the root, from its prefill (None for 1-token prompts); EAGLE's head reads them
+    def begin(self, prompts: list[list[int]], max_len: int, features: torch.Tensor | None = None) -> None: ...
 
     def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]: ...
 
+    # hidden [len(accepted) + 1, hidden]: the target's final normed hidden states at the root and
+    # each accepted node (the last one's LM-head output gave ``bonus``)
     def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None: ...
 
     def observe_recall(self, hit: bool) -> None: ...  # was the target's next token in the early top-k
@@ -44,7 +48,7 @@ class RootDrafter(DrafterHooks):
 
     max_nodes = 0
 
-    def begin(self, prompts: list[list[int]], max_len: int) -> None:
+    def begin(self, prompts: list[list[int]], max_len: int, features=None) -> None:
         pass
 
     def propose(self, sequences: list[list[int]], generators) -> list[Proposal]:
@@ -64,7 +68,7 @@ class TreeDrafter(DrafterHooks):
     def max_nodes(self) -> int:
         return sum(m.max_nodes for m in self.models) + (self.ngram.max_nodes if self.ngram else 0)
 
-    def begin(self, prompts: list[list[int]], max_len: int) -> None:
+    def begin(self, prompts: list[list[int]], max_len: int, features=None) -> None:
         for m in self.models:
             m.begin(prompts, max_len)
 

@@ -1,7 +1,7 @@
 """Medusa-style drafting: heads on the target's last hidden state propose a rank-path tree.
 
-After each verification pass the engine hands over the final hidden state of the last
-accepted node (whose LM-head argmax is the bonus, i.e. the next root). Head k's top-R
+After each verification pass the engine hands over the final hidden states of the accepted
+path; the heads read the last accepted node's (whose LM-head argmax is the bonus, i.e. the next root). Head k's top-R
 guesses fill depth k+1 of the next tree; which (depth, rank) paths are used comes from the
 ``TreePolicy`` (a fixed size for Medusa, a size chosen each step for ProPD). With
 ``step_scores`` (a ProPD option) a guess scores what the policy's calibration says a head
@@ -40,7 +40,7 @@ class HeadDrafter:
     def max_nodes(self) -> int:
         return MAX_TREE_NODES + 1  # the root + the largest tree the policy may pick
 
-    def begin(self, prompts: list[list[int]], max_len: int) -> None:
+    def begin(self, prompts: list[list[int]], max_len: int, features=None) -> None:
         self.hidden = [None] * len(prompts)
         self.guesses = [None] * len(prompts)
         self.head_probs = [None] * len(prompts)
@@ -97,7 +97,7 @@ class HeadDrafter:
                 self.policy.stats.observe(d, row_guesses.index(actual[d]) if actual[d] in row_guesses else None)
                 if probs is not None:
                     self.policy.calibration.observe(d, probs[d], [g == actual[d] for g in row_guesses])
-        self.hidden[row] = hidden
+        self.hidden[row] = None if hidden is None else hidden[-1]  # the last accepted node's
 
     @property
     def prune_next(self) -> bool:

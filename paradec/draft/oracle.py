@@ -26,7 +26,7 @@ class OracleDrafter(DrafterHooks):
     def max_nodes(self) -> int:
         return expansion_nodes(self.expansion)
 
-    def begin(self, prompts: list[list[int]], max_len: int) -> None:
+    def begin(self, prompts: list[list[int]], max_len: int, features=None) -> None:
         pass
 
     def commit(self, row: int, accepted: list[int], bonus: int, hidden=None) -> None:

@@ -51,6 +51,15 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return inv.float()
 
 
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [batch, n] -> cos, sin [batch, n, 1, head_dim]; sin's first half negated,
+    so that x * cos + roll(x, head_dim / 2) * sin is x rotated (HF's rotate_half form)."""
+    angles = positions[..., None].float() * inv_freq  # [batch, n, head_dim // 2]
+    sin = angles.sin()
+    angles = torch.cat((angles, angles), -1)[:, :, None]
+    return angles.cos().to(dtype), torch.cat((-sin, sin), -1)[:, :, None].to(dtype)
+
+
 class RMSNorm(nn.Module):
     """Normalizes in fp32, casts back, then scales (the order transformers uses)."""
 
@@ -207,12 +216,7 @@ class Transformer(nn.Module):
             block.attn.exact = block.mlp.exact = exact
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [batch, n] -> cos, sin [batch, n, 1, head_dim]; sin's first half negated,
-        so that x * cos + roll(x, head_dim / 2) * sin is x rotated (HF's rotate_half form)."""
-        angles = positions[..., None].float() * self.inv_freq  # [batch, n, head_dim // 2]
-        sin = angles.sin()
-        angles = torch.cat((angles, angles), -1)[:, :, None]
-        return angles.cos().to(dtype), torch.cat((-sin, sin), -1)[:, :, None].to(dtype)
+        return rope_tables(self.inv_freq, positions, dtype)
 
     def hidden(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                cache: KVCache | None, start: int = 0, stop: int | None = None,

@@ -1,0 +1,249 @@
+"""EAGLE-2 drafting: a feature-level draft head grows a context-aware dynamic tree.
+
+The head (``models.eagle``) reads pairs (target feature f_t, token x_{t+1}) and predicts
+f_{t+1}; the target's LM head turns that into q(x_{t+2}). Per row and step:
+
+1. the pending pairs run on the head's own KV cache: what the target committed since the last
+   step, each with the target's true feature (the accepted tokens, then the root = the bonus,
+   paired with the last accepted node's feature). Their K/V stay (they are the head's context);
+   the rest of the scratch is dropped at commit;
+2. depth 1: the root's predicted feature gives q over its children; the top-``topk`` tokens
+   (greedy) or ``topk`` i.i.d. draws from q (sampling) become nodes, scored by the path's draft
+   confidence (the product of q along it, as a sum of logs);
+3. depth d > 1: the ``topk`` best-scored nodes of the last depth run through the head (their
+   parent's predicted feature, their token), and each gets ``topk`` children the same way;
+4. greedy: all drafted nodes are reranked by score and the top ``m`` verified (a parent scores
+   at least its child and wins ties, so the top m is always a tree). ``m`` is fixed (``eagle``)
+   or chosen each step by ``EagleCostModel`` (``eagle+propd``). Sampling: every drawn node is
+   verified (dropping drawn children by their values would bias multi-step speculative
+   sampling); which nodes grow children may depend on anything known before the draw.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import torch
+
+from paradec.config import SamplingConfig
+from paradec.draft.base import DrafterHooks
+from paradec.models.eagle import EagleHead
+from paradec.policy.dynamic import SIZES, LatencyModel
+from paradec.sampling import probs
+from paradec.tree import ScratchTree, pass_tensors
+from paradec.tree.proposal import DraftTree, Proposal, merge
+
+
+class EagleCostModel:
+    """ProPD's online cost model for EAGLE's reranked trees: expected tokens per step = 1 + the
+    calibrated acceptance of the top-m nodes' path confidences; step time from a latency model
+    of verified tokens (batch x (m + 1)); m = argmax expected tokens / time over ``SIZES``."""
+
+    BINS = (0.01, 0.03, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # upper edges of path-confidence bins
+
+    def __init__(self, decay: float = 0.999, prior_weight: float = 2.0) -> None:
+        centres = [(hi + lo) / 2 for lo, hi in zip((0.0, *self.BINS[:-1]), self.BINS)]
+        self.decay = decay
+        self.hits = [c * prior_weight for c in centres]  # the prior: a calibrated draft
+        self.trials = [prior_weight] * len(self.BINS)
+        self.latency = LatencyModel()
+        self.probe = [1, 8, 32, 4, 16, 2]  # sizes tried first, to fit the latency model
+
+    def _bin(self, p: float) -> int:
+        return min(bisect.bisect_left(self.BINS, p), len(self.BINS) - 1)
+
+    def observe(self, confidence: float, hit: bool) -> None:
+        b = self._bin(confidence)
+        self.hits = [h * self.decay for h in self.hits]
+        self.trials = [t * self.decay for t in self.trials]
+        self.hits[b] += hit
+        self.trials[b] += 1.0
+
+    def rate(self, confidence: float) -> float:
+        b = self._bin(confidence)
+        return min(1.0, self.hits[b] / self.trials[b])
+
+    def choose(self, batch: int, scores: list[list[float]]) -> int:
+        """scores: per row, its candidates' path confidences, best first -> nodes to verify."""
+        if self.probe:
+            return self.probe.pop(0)
+        rates = [[self.rate(s) for s in row] for row in scores]
+        best, best_n = -1.0, 0
+        for n in SIZES:
+            tokens = sum(1.0 + sum(r[:n]) for r in rates)
+            value = tokens / self.latency.predict(batch * (n + 1))
+            if value > best:
+                best, best_n = value, n
+        return best_n
+
+
+class EagleDrafter(DrafterHooks):
+    def __init__(self, head: EagleHead, embed: torch.nn.Embedding, lm_head: torch.nn.Linear,
+                 sampling: SamplingConfig, topk: int = 4, depth: int = 5, nodes: int = 16,
+                 cost: EagleCostModel | None = None) -> None:
+        self.head, self.embed, self.lm_head, self.sampling = head, embed, lm_head, sampling
+        self.depth, self.nodes, self.cost = depth, nodes, cost
+        # sampling verifies every drawn node: keep the tree within the verifier's limit
+        self.topk = topk if sampling.greedy else min(topk, 2)
+        self.device = head.fc.weight.device
+        self.cache = None
+        self.pending: list[list[tuple[torch.Tensor, int]]] = []  # per row: (feature f_t [hidden], token x_{t+1})
+        self.candidates: list[list[tuple[tuple[int, ...], float]]] = []  # per row: (path tokens, log confidence)
+        self._m = nodes  # this step's verified nodes per row (greedy)
+
+    @property
+    def max_nodes(self) -> int:
+        drawn = self.topk + (self.depth - 1) * self.topk * self.topk
+        return 1 + (min(drawn, max(SIZES) if self.cost else self.nodes) if self.sampling.greedy else drawn)
+
+    # ---- the head's context ------------------------------------------------------------------
+    def begin(self, prompts: list[list[int]], max_len: int, features: torch.Tensor | None = None) -> None:
+        """Prefill the head with the prompt's pairs (f_t, x_{t+1}) but the last, which pairs the
+        root with the feature before it and runs at the first step (zeros: a 1-token prompt)."""
+        hidden = self.head.config.hidden_size
+        scratch = 2 * self.depth + 4 + self.depth * self.topk
+        self.cache = self.head.new_cache(len(prompts), max_len + scratch)
+        dtype = self.head.fc.weight.dtype
+        zero = torch.zeros(hidden, dtype=dtype, device=self.device)
+        self.pending = [[(features[b, len(p) - 2].to(dtype) if features is not None and len(p) > 1 else zero, p[-1])]
+                        for b, p in enumerate(prompts)]
+        lengths = [max(0, len(p) - 2) for p in prompts]
+        width = max(lengths)
+        if width == 0:
+            return
+        rows, feats = [], torch.zeros(len(prompts), width, hidden, dtype=dtype, device=self.device)
+        for b, p in enumerate(prompts):
+            row = ScratchTree()
+            for i in range(lengths[b]):
+                row.add(p[i + 1], i - 1)
+            for _ in range(width - lengths[b]):
+                row.add(0, -1)
+            rows.append(row)
+            feats[b, : lengths[b]] = features[b, : lengths[b]].to(dtype)
+        self._run(rows, 0, width, feats)
+        for b, n in enumerate(lengths):
+            self.cache.advance(b, n)
+
+    def _run(self, rows: list[ScratchTree], start: int, width: int, feats: torch.Tensor) -> torch.Tensor:
+        """feats [batch, width, hidden] -> predicted features [batch, width, hidden]."""
+        tokens, pos, mask = pass_tensors(rows, start, width, self.cache.lengths)
+        dev = self.device
+        out = self.head(feats, tokens.to(dev), pos.to(dev), self.embed, None if mask is None else mask.to(dev),
+                        self.cache)
+        self.cache.keep_scratch(width)
+        return out
+
+    # ---- one step ------------------------------------------------------------------------------
+    def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]:
+        batch = len(sequences)
+        for b in range(batch):
+            self.cache.drop_scratch(b)
+        width = max(len(p) for p in self.pending)
+        rows, feats = [], torch.zeros(batch, width, self.head.config.hidden_size, dtype=self.head.fc.weight.dtype,
+                                      device=self.device)
+        for b, chain in enumerate(self.pending):
+            row = ScratchTree()
+            for i, (f, tok) in enumerate(chain):
+                row.add(tok, i - 1)
+                feats[b, i] = f
+            for _ in range(width - len(chain)):
+                row.add(chain[-1][1], -1)  # padding
+            rows.append(row)
+        with torch.inference_mode():
+            out = self._run(rows, 0, width, feats)
+            # per row: nodes (parent node, token, log confidence, q); node 0 = the root
+            nodes = [[(-1, seq[-1], 0.0, None)] for seq in sequences]
+            local = [{0: len(chain) - 1} for chain in self.pending]  # node -> scratch slot of its pair
+            front = [[0] for _ in sequences]  # nodes whose predicted features are in front_feats
+            front_feats = torch.stack([out[b, len(chain) - 1] for b, chain in enumerate(self.pending)])[:, None]
+            start = width
+            for d in range(self.depth):
+                logits = self.lm_head(front_feats).float()  # [batch, front, vocab]: q of their children
+                new = [[] for _ in sequences]
+                for b, row_kids in enumerate(self._children(logits, generators)):
+                    for i, tok, logq, q in row_kids:
+                        parent = front[b][i]
+                        nodes[b].append((parent, tok, nodes[b][parent][2] + logq, q))
+                        new[b].append(len(nodes[b]) - 1)
+                if d + 1 == self.depth:
+                    break
+                # the best-scored nodes of this depth grow children next: run their pairs
+                # (their parent's predicted feature, their token) through the head
+                grow = [sorted(mine, key=lambda n, b=b: -nodes[b][n][2])[: self.topk] for b, mine in enumerate(new)]
+                run_feats = torch.stack([torch.stack([front_feats[b, front[b].index(nodes[b][n][0])] for n in grow[b]])
+                                         for b in range(batch)])  # [batch, grow, hidden]
+                for b in range(batch):
+                    for n in grow[b]:
+                        local[b][n] = rows[b].add(nodes[b][n][1], local[b][nodes[b][n][0]])
+                front_feats = self._run(rows, start, len(grow[0]), run_feats)
+                start += len(grow[0])
+                front = grow
+        self.candidates = [[] for _ in sequences]
+        if self.sampling.greedy:
+            confidences = [sorted((math.exp(n[2]) for n in row[1:]), reverse=True) for row in nodes]
+            self._m = self.cost.choose(batch, confidences) if self.cost is not None else self.nodes
+        return [self._tree(b, seq[-1], nodes[b]) for b, seq in enumerate(sequences)]
+
+    def _children(self, logits: torch.Tensor, generators) -> list[list[tuple[int, int, float, torch.Tensor | None]]]:
+        """logits [batch, frontier, vocab] -> per row, ``topk`` children per frontier node."""
+        if self.sampling.greedy:
+            logp = logits.log_softmax(-1)
+            top = logp.topk(self.topk, dim=-1)
+            toks, vals = top.indices.tolist(), top.values.tolist()  # host sync: the tree is built on the host
+            return [[(i, t, v, None) for i, (ts, vs) in enumerate(zip(row_t, row_v)) for t, v in zip(ts, vs)]
+                    for row_t, row_v in zip(toks, vals)]
+        q = probs(logits, self.sampling)  # [batch, frontier, vocab]
+        out = []
+        for b, gen in enumerate(generators):
+            draws = torch.multinomial(q[b], self.topk, replacement=True, generator=gen).tolist()  # host sync
+            out.append([(i, t, math.log(max(float(q[b, i, t]), 1e-30)), q[b, i]) for i, ts in enumerate(draws)
+                        for t in ts])
+        return out
+
+    def _tree(self, b: int, root: int, nodes: list[tuple]) -> Proposal:
+        """Row b's verified tree: greedy, the top-m nodes by confidence; sampling, all of them."""
+        order = sorted(range(1, len(nodes)), key=lambda n: (-nodes[n][2], _depth(nodes, n), n))
+        paths = {}
+        for n in range(1, len(nodes)):
+            parent, tok = nodes[n][0], nodes[n][1]
+            paths[n] = (paths[parent] if parent > 0 else ()) + (tok,)
+        self.candidates[b] = [(paths[n], nodes[n][2]) for n in order]
+        if self.sampling.greedy:
+            keep = sorted(order[: self._m], key=lambda n: (_depth(nodes, n), n))
+        else:
+            keep = list(range(1, len(nodes)))
+        draft = DraftTree([root], [-1], [None])
+        where = {0: 0}
+        for n in keep:
+            parent, tok, _, q = nodes[n]
+            draft.tokens.append(tok)
+            draft.parents.append(where[parent])
+            draft.q.append(q)
+            where[n] = len(draft.tokens) - 1
+        return merge(root, [draft])
+
+    # ---- after verification -----------------------------------------------------------------
+    def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None:
+        """Keep the pending pairs' K/V (true features); the accepted tokens and the bonus, each
+        paired with the target's feature before it (``hidden`` [len(accepted) + 1, hidden]),
+        are the next step's pending pairs."""
+        self.cache.commit(row, list(range(len(self.pending[row]))))
+        tokens = accepted + [bonus]
+        self.pending[row] = [(hidden[i].to(self.head.fc.weight.dtype), tok) for i, tok in enumerate(tokens)]
+        if self.cost is not None:  # calibrate path confidence -> acceptance on every known outcome
+            for path, logc in self.candidates[row]:
+                known = len(path) <= len(tokens) or path[: len(tokens)] != tuple(tokens)
+                if known:
+                    self.cost.observe(math.exp(logc), path == tuple(tokens[: len(path)]))
+
+    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
+        if self.cost is not None:
+            self.cost.latency.observe(batch * verified, seconds)
+
+
+def _depth(nodes: list[tuple], n: int) -> int:
+    d = 0
+    while n > 0:
+        n, d = nodes[n][0], d + 1
+    return d

@@ -1,0 +1,87 @@
+"""EAGLE's draft head: predicts the target's next feature from its features and the next token.
+
+The feature of position t is the target's final normed hidden state there (what its LM head
+reads; EAGLE-1/2's choice, see docs/ARCHITECTURE.md). The head reads pairs (f_t, x_{t+1}):
+
+    f^_{t+1} = Block(fc([embed(x_{t+1}); f_t]))       one decoder layer of this runtime
+    q(x_{t+2}) = softmax(lm_head(f^_{t+1}))            the target's own LM head, frozen
+
+``embed`` and ``lm_head`` are the target's modules, shared (passed in, never copied or
+saved). The head keeps its own one-layer KV cache (``new_cache``), which the drafter keeps in
+step with what the target commits. Saved as ``eagle.safetensors`` + ``eagle.json`` (the
+layer's shape, the training summary).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from paradec.config import ModelConfig
+from paradec.errors import ParadecError
+from paradec.kv import KVCache
+from paradec.models.llama import Block, rope_inv_freq, rope_tables
+
+EAGLE_JSON = "eagle.json"
+EAGLE_WEIGHTS = "eagle.safetensors"
+
+
+class EagleHead(nn.Module):
+    def __init__(self, target: ModelConfig) -> None:
+        super().__init__()
+        self.config = replace(target, num_layers=1)
+        h = target.hidden_size
+        self.fc = nn.Linear(2 * h, h)
+        self.block = Block(self.config, 0)
+        self.block.attn.exact = self.block.mlp.exact = False  # a draft needs no bit-exact path
+        self.register_buffer("inv_freq", rope_inv_freq(target), persistent=False)
+
+    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, embed: nn.Embedding,
+                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """feats [b, n, hidden] (f_t), tokens [b, n] (x_{t+1}), positions [b, n], mask
+        [b, 1, n, span] | None (None without a cache: causal) -> predicted features [b, n, hidden]."""
+        x = self.fc(torch.cat([embed(tokens).to(feats.dtype), feats], -1))
+        cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        return self.block(x, cos, sin, mask, cache)
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        p = self.fc.weight
+        cfg = self.config
+        return KVCache(1, batch, cfg.num_kv_heads, cfg.head_dim, max_len, p.dtype, p.device)
+
+    def save(self, out_dir: str | Path, meta: dict) -> None:
+        """eagle.safetensors (bf16) + eagle.json, written atomically."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / (EAGLE_WEIGHTS + ".tmp")
+        save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()}, str(tmp))
+        tmp.replace(out_dir / EAGLE_WEIGHTS)
+        meta = {**meta, "target": asdict(self.config) | {"num_layers": None}}
+        (out_dir / (EAGLE_JSON + ".tmp")).write_text(json.dumps(meta, indent=2, default=list) + "\n")
+        (out_dir / (EAGLE_JSON + ".tmp")).replace(out_dir / EAGLE_JSON)
+
+
+def load_eagle(path: str | Path, target: ModelConfig, dtype: torch.dtype, device) -> EagleHead:
+    """The head in ``path`` for a model of shape ``target``."""
+    path = Path(path)
+    if not (path / EAGLE_JSON).is_file():
+        raise ParadecError(f"no EAGLE head at {path} (eagle.json missing); train one with `paradec train eagle`")
+    try:
+        tensors = load_file(str(path / EAGLE_WEIGHTS))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ParadecError(f"cannot read {path / EAGLE_WEIGHTS} ({str(exc).splitlines()[0]}); retrain or re-copy "
+                           "the head") from None
+    head = EagleHead(target)
+    want = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if want != got:
+        raise ParadecError(f"the EAGLE head at {path} was trained for another model (its shapes differ from this "
+                           "model's); pass the head trained for this model")
+    head.load_state_dict(tensors)
+    return head.to(device=device, dtype=dtype).eval().requires_grad_(False)

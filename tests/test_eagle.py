@@ -1,0 +1,156 @@
+"""EAGLE: a feature-level draft head's dynamic trees keep greedy output identical to `ar`, sampled
+output distributed as the target's, its KV cache in step with what the target commits, and
+every proposal a valid tree ranked by draft confidence."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import two_token_joint_tv
+
+import paradec
+from paradec.draft.eagle import EagleCostModel, EagleDrafter
+from paradec.models.eagle import EagleHead
+from paradec.scheduler import Scheduler, prefill
+from paradec.state import Row
+from paradec.train.eagle import _batch_loss, features
+
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):"]
+N_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def engine(llama_dir, tmp_path_factory):
+    engine = paradec.load(llama_dir, dtype="fp32")
+    torch.manual_seed(0)
+    EagleHead(engine.model.config).save(tmp_path_factory.mktemp("eagle") / "random", {"random": True})
+    return engine
+
+
+@pytest.fixture(scope="module")
+def heads(engine, tmp_path_factory):
+    """A random head and one trained (briefly) on the tiny target's own greedy text."""
+    root = tmp_path_factory.mktemp("eagle_heads")
+    torch.manual_seed(0)
+    EagleHead(engine.model.config).save(root / "random", {})
+    texts = ["def f(x):\n", "import re\n", "class A:\n", "for i in range(", "x = [", "with open(p) as f:\n",
+             "def g(a, b):\n", "print(", "return ", "if x is None:\n"]
+    seqs = [g.token_ids for g in engine.generate(texts, max_new_tokens=64, ignore_eos=True)]
+    seqs = [engine.tokenizer.encode(t) + s for t, s in zip(texts, seqs)]
+    feats = features(engine.model, seqs)
+    torch.manual_seed(0)
+    head = EagleHead(engine.model.config)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    for step in range(60):
+        idx = [(step * 4 + i) % len(seqs) for i in range(4)]
+        loss, _, _ = _batch_loss(head, engine.model.embed, engine.model.lm_head, [seqs[i] for i in idx],
+                                 [feats[i] for i in idx], 0.1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    head.save(root / "trained", {})
+    return {"random": root / "random", "trained": root / "trained"}
+
+
+@pytest.mark.parametrize("which", ["random", "trained"])
+@pytest.mark.parametrize("method", ["eagle", "eagle+propd"])
+def test_greedy_equals_ar_batch_1_and_3(engine, heads, which, method):
+    engine.load_eagle(heads[which])
+    ar = engine.generate(PROMPTS, max_new_tokens=N_NEW, ignore_eos=True)
+    batch = engine.generate(PROMPTS, method=method, max_new_tokens=N_NEW, ignore_eos=True)
+    solo = [engine.generate(p, method=method, max_new_tokens=N_NEW, ignore_eos=True) for p in PROMPTS]
+    assert [g.token_ids for g in batch] == [g.token_ids for g in ar] == [g.token_ids for g in solo]
+    if which == "trained" and method == "eagle":  # training did something: more accepted per step
+        engine.load_eagle(heads["random"])
+        rand = engine.generate(PROMPTS, method=method, max_new_tokens=N_NEW, ignore_eos=True)
+        assert sum(g.stats.tau for g in batch) > sum(g.stats.tau for g in rand)
+
+
+def test_sampling_matches_target_joint_and_top_k_children_fail(engine, heads):
+    engine.load_eagle(heads["trained"])
+    tv, bound, _, _ = two_token_joint_tv(engine, method="eagle")
+    assert tv < bound
+    # negative control: the top-k tokens proposed as if drawn from q bias multi-step sampling
+    orig = EagleDrafter._children
+
+    def top_k_as_sampled(self, logits, generators):
+        from paradec.sampling import probs
+
+        q = probs(logits, self.sampling)
+        top = q.topk(self.topk, dim=-1).indices.tolist()
+        return [[(i, t, math.log(max(float(q[b, i, t]), 1e-30)), q[b, i]) for i, ts in enumerate(row) for t in ts]
+                for b, row in enumerate(top)]
+
+    EagleDrafter._children = top_k_as_sampled
+    try:
+        bad, bound, _, _ = two_token_joint_tv(engine, method="eagle")
+    finally:
+        EagleDrafter._children = orig
+    assert bad > bound, (bad, bound)
+
+
+def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
+    """After steps that accept part of a tree, the live drafter proposes what a fresh drafter
+    given the committed text (and the target's features of it) proposes."""
+    engine.load_eagle(heads["trained"])
+    gen = engine.config(method="eagle", max_new_tokens=30, ignore_eos=True)
+    rows = engine._rows([engine.tokenizer.encode(PROMPTS[0])], gen)
+    sched = Scheduler(engine, 1, 256)
+    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
+    group = sched.admit(rows, gen, drafter)
+    partial = 0
+    for _ in range(6):
+        for _, event in sched.step():
+            partial += 0 < len(event.token_ids) - 1 < drafter.depth
+    assert partial >= 1  # some step accepted part of the tree
+    tokens = list(group.rows[0].tokens)
+    live = drafter.propose([tokens], [None])[0]
+    fresh = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
+    with torch.inference_mode():
+        cache = engine.model.new_cache(1, 256)
+        h = prefill(engine.model, [Row(tokens, len(tokens), None, None)], cache)
+        fresh.begin([tokens], 256, engine.model.norm(h))
+    again = fresh.propose([tokens], [None])[0]
+    assert live.tree == again.tree
+
+
+def test_every_proposal_is_a_tree_ranked_by_confidence(engine, heads):
+    engine.load_eagle(heads["trained"])
+    gen = engine.config(method="eagle", max_new_tokens=20, ignore_eos=True, tree_nodes=12)
+    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling, nodes=12)
+    seqs = [engine.tokenizer.encode(p) for p in PROMPTS]
+    with torch.inference_mode():
+        cache = engine.model.new_cache(3, 256)
+        h = prefill(engine.model, [Row(s, len(s), None, None) for s in seqs], cache)
+        drafter.begin(seqs, 256, engine.model.norm(h))
+        props = drafter.propose(seqs, [None] * 3)
+    for b, prop in enumerate(props):
+        tree = prop.tree
+        assert len(tree) == 13 and all(0 <= p < i for i, p in enumerate(tree.parents) if i)
+        ranked = [path for path, _ in drafter.candidates[b]]
+        rank = {path: i for i, path in enumerate(ranked)}
+        paths = {0: ()}
+        for i in range(1, len(tree)):
+            paths[i] = paths[tree.parents[i]] + (tree.tokens[i],)
+            if tree.parents[i]:
+                assert rank[paths[tree.parents[i]]] < rank[paths[i]]  # the parent ranks above the child
+        assert {paths[i] for i in range(1, len(tree))} == set(ranked[:12])  # the top-12 by confidence
+        scores = [s for _, s in drafter.candidates[b]]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_cost_model_picks_bigger_trees_when_they_pay():
+    cost = EagleCostModel()
+    cost.probe = []
+    for tokens in (1, 8, 16, 32, 64):
+        for _ in range(5):
+            cost.latency.observe(tokens, 0.010 + 0.0001 * tokens)  # verifying more is nearly free
+    sure = [[0.95] * 64]
+    assert cost.choose(1, sure) >= 32
+    cost.latency = type(cost.latency)()
+    for tokens in (1, 8, 16, 32, 64):
+        for _ in range(5):
+            cost.latency.observe(tokens, 0.010 + 0.01 * tokens)  # every node costs a full step
+    assert cost.choose(1, [[0.05] * 64]) == 0
