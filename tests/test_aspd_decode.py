@@ -100,6 +100,10 @@ def test_grammar_titles_unique_and_bounded(aspd_engine):
     assert allowed.sum() == 1 and allowed[sp.end_title]  # a title has a length limit
     allowed = serial_mask(sp, [7, 8], False, vocab)
     assert allowed[sp.title] and not allowed[sp.para] and not allowed[sp.branch] and not allowed[sp.end_title]
+    colon = aspd_engine.tokenizer.hf(":", add_special_tokens=False).input_ids[-1]
+    assert allowed[colon] and colon in sp.not_in_titles  # serial text may have colons, a title may not
+    assert not serial_mask(sp, [7, sp.title], False, vocab)[colon]
+    assert not serial_mask(sp, [7, sp.title, a], False, vocab)[colon]
     # the budget: a plan grows only while every branch keeps room, and opens only where two fit
     # (three 1-token titles: <|para|> + 3 x (<|branch|> title : + content + <|/branch|>) + <|/para|>)
     two = [7, sp.title, a, sp.end_title, sp.title, b, sp.end_title]

@@ -8,6 +8,7 @@ mode places them); a plan grows only while its branches keep room in the token b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -30,6 +31,14 @@ class Specials:
         if any(i is None or i == hf.unk_token_id for i in ids):
             raise ParadecError(f"this model's tokenizer lacks ASPD's special tokens (<|title|> ... <|/branch|>); {fix}")
         return Specials(*ids, hf)
+
+    @cached_property
+    def not_in_titles(self) -> list[int]:
+        """Tokens a title cannot contain: a colon (a branch restates its title before ": ", and
+        the text is parsed at the first colon) or a line break (a title is one line)."""
+        toks = self.hf.convert_ids_to_tokens(list(range(len(self.hf))))
+        return [i for i, t in enumerate(toks) if t and (":" in t or "\u010a" in t or "\n" in t or "<0x0A>" in t)
+                and i not in self.ids]
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -74,8 +83,10 @@ def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
         return allowed
     if last == sp.title:
         allowed[[sp.title, sp.end_title, sp.para]] = False
+        allowed[sp.not_in_titles] = False
     elif in_titles and _inside_title(history, sp):
         allowed[[sp.title, sp.para]] = False
+        allowed[sp.not_in_titles] = False
         current = history[_last_index(history, sp.title) + 1:]
         if len(current) >= MAX_TITLE_TOKENS:
             allowed[:] = False
