@@ -68,15 +68,8 @@ class _RowDecoder:
     # ---- what to feed ----------------------------------------------------------------------
     def items(self, length: int) -> list[_Item]:
         """Tokens to feed now; ``length`` = this row's committed cache length."""
-        if self.done:
+        if not self._next_mode(length):
             return []
-        if self.parallel and not self._todo():
-            self._merge()
-        if not self.parallel and len(self.new) >= self.max_new:
-            self.done = True
-            return []
-        if not self.parallel and self.root == self.sp.para:
-            self._open_group(length)
         if not self.parallel:  # serial: the root sees everything before it
             self.fed_items = [_Item(self.root, length, length + 1, [])]
             return self.fed_items
@@ -91,6 +84,19 @@ class _RowDecoder:
             self.fed[i] += 1
         self.fed_items = items
         return items
+
+    def _next_mode(self, length: int) -> bool:
+        """Before a pass: merge a finished group, open a planned one; False when the row is done."""
+        if self.done:
+            return False
+        if self.parallel and not self._todo():
+            self._merge()
+        if not self.parallel and len(self.new) >= self.max_new:
+            self.done = True
+            return False
+        if not self.parallel and self.root == self.sp.para:
+            self._open_group(length)
+        return True
 
     def _todo(self) -> list[int]:
         return [i for i in range(len(self.titles)) if self.fed[i] < len(self.branch_tokens[i])]

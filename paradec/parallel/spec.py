@@ -59,15 +59,8 @@ class SpecRowDecoder(_RowDecoder):
 
     # ---- what to feed ----------------------------------------------------------------------
     def items(self, length: int) -> list[_Item]:
-        if self.done:
+        if not self._next_mode(length):
             return []
-        if self.parallel and not self._todo():
-            self._merge()
-        if not self.parallel and len(self.new) >= self.max_new:
-            self.done = True
-            return []
-        if not self.parallel and self.root == self.sp.para:
-            self._open_group(length)
         if not self.parallel:
             draft = self._lookup(self.history, self.max_new - len(self.new) - 1)
             chain = [self.root] + draft
