@@ -108,22 +108,31 @@ class EagleDrafter(DrafterHooks):
         zero = torch.zeros(hidden, dtype=dtype, device=self.device)
         self.pending = [[(features[b, len(p) - 2].to(dtype) if features is not None and len(p) > 1 else zero, p[-1])]
                         for b, p in enumerate(prompts)]
-        lengths = [max(0, len(p) - 2) for p in prompts]
-        width = max(lengths)
-        if width == 0:
-            return
-        rows, feats = [], torch.zeros(len(prompts), width, hidden, dtype=dtype, device=self.device)
-        for b, p in enumerate(prompts):
+        # the committed context: pairs (f_i, x_{i+1}) for i < len(p) - 2
+        pairs = [[(features[b, i], p[i + 1]) for i in range(len(p) - 2)] if features is not None else []
+                 for b, p in enumerate(prompts)]
+        if any(pairs):
+            self._chains(pairs)
+            for b, chain in enumerate(pairs):
+                self.cache.advance(b, len(chain))
+
+    def _chains(self, chains: list[list[tuple[torch.Tensor, int]]]) -> tuple[list[ScratchTree], int, torch.Tensor]:
+        """One head pass over each row's chain of pairs (feature [hidden], token), right-padded
+        (a padding node sees itself only) -> (scratch rows, width, predicted features
+        [batch, width, hidden])."""
+        width = max(len(c) for c in chains)
+        dtype = self.head.fc.weight.dtype
+        rows, feats = [], torch.zeros(len(chains), width, self.head.config.hidden_size, dtype=dtype,
+                                      device=self.device)
+        for b, chain in enumerate(chains):
             row = ScratchTree()
-            for i in range(lengths[b]):
-                row.add(p[i + 1], i - 1)
-            for _ in range(width - lengths[b]):
-                row.add(0, -1)
+            for i, (f, tok) in enumerate(chain):
+                row.add(tok, i - 1)
+                feats[b, i] = f.to(dtype)
+            for _ in range(width - len(chain)):
+                row.add(chain[-1][1] if chain else 0, -1)  # padding
             rows.append(row)
-            feats[b, : lengths[b]] = features[b, : lengths[b]].to(dtype)
-        self._run(rows, 0, width, feats)
-        for b, n in enumerate(lengths):
-            self.cache.advance(b, n)
+        return rows, width, self._run(rows, 0, width, feats)
 
     def _run(self, rows: list[ScratchTree], start: int, width: int, feats: torch.Tensor) -> torch.Tensor:
         """feats [batch, width, hidden] -> predicted features [batch, width, hidden]."""
@@ -139,19 +148,8 @@ class EagleDrafter(DrafterHooks):
         batch = len(sequences)
         for b in range(batch):
             self.cache.drop_scratch(b)
-        width = max(len(p) for p in self.pending)
-        rows, feats = [], torch.zeros(batch, width, self.head.config.hidden_size, dtype=self.head.fc.weight.dtype,
-                                      device=self.device)
-        for b, chain in enumerate(self.pending):
-            row = ScratchTree()
-            for i, (f, tok) in enumerate(chain):
-                row.add(tok, i - 1)
-                feats[b, i] = f
-            for _ in range(width - len(chain)):
-                row.add(chain[-1][1], -1)  # padding
-            rows.append(row)
         with torch.inference_mode():
-            out = self._run(rows, 0, width, feats)
+            rows, width, out = self._chains(self.pending)
             # per row: nodes (parent node, token, log confidence, q); node 0 = the root
             nodes = [[(-1, seq[-1], 0.0, None)] for seq in sequences]
             local = [{0: len(chain) - 1} for chain in self.pending]  # node -> scratch slot of its pair
