@@ -115,6 +115,7 @@ def test_bench_aspd_vs_ar_vs_seq_twin(tmp_path, base_dir, aspd_tok):
     for r in recs.values():
         assert r["nll_twin"] > 0 and r["nll_base"] > 0 and isinstance(r["parses"], bool) and r["tokens_per_s"] > 0
     assert recs["aspd+spec"]["identical_to_aspd"] is True and recs["aspd"]["well_formed"] in (0.0, 1.0)
+    assert recs["aspd"]["ppd"] in (0.0, 1.0) and "ppd" not in recs["ar"]  # PPD: the answer has a parallel group
     assert recs["aspd"]["identical_to_ar"] is None and recs["ar"]["identical_to_ar"] is True
     overall = {r["method"]: r for r in result["summary"] if r["category"] == "all"}
     assert overall["seq-twin"]["speedup_vs_seq-twin"] == 1.0 and overall["aspd"]["speedup_vs_ar"] > 0

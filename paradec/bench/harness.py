@@ -290,6 +290,8 @@ def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], 
     for key in ("degree_of_parallelism", "well_formed", "acceptance"):
         if stats is not None and stats.extra.get(key) is not None:
             rec[key] = float(stats.extra[key])
+    if stats is not None and "groups" in stats.extra:  # ASPD: PPD = share of answers with a parallel group
+        rec["ppd"] = float(stats.extra["groups"] > 0)
     if stats is not None and stats.extra.get("groups"):
         rec["branches_per_group"] = stats.extra["branches"] / stats.extra["groups"]
     if stats is not None and _own_loop(method):  # no tree (ASPD): tau = marked tokens per pass
@@ -319,7 +321,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                           for r in mine if (r["prompt_id"], base) in by]
                 row[f"speedup_vs_{base}"] = statistics.mean(ratios) if ratios else None
             for key in ("tau", "nodes_per_step", "verified_per_step", "target_share", "ms_per_step",
-                        "nll_twin", "nll_base", "parses", "degree_of_parallelism", "branches_per_group",
+                        "nll_twin", "nll_base", "parses", "ppd", "degree_of_parallelism", "branches_per_group",
                         "well_formed", "acceptance", "identical_to_aspd"):
                 vals = [r[key] for r in mine if r.get(key) is not None]
                 row[key] = statistics.mean(vals) if vals else None
@@ -340,7 +342,7 @@ def write_outputs(result: dict, out_dir: str | Path) -> str:
     out_dir = Path(out_dir)
     rows = [r for r in result["summary"] if r["category"] == "all"]
     cats = [r for r in result["summary"] if r["category"] != "all"]
-    columns = COLUMNS + [c for c in ("speedup_vs_seq-twin", "degree_of_parallelism", "branches_per_group", "nll_base",
+    columns = COLUMNS + [c for c in ("speedup_vs_seq-twin", "ppd", "degree_of_parallelism", "branches_per_group", "nll_base",
                                      "nll_twin", "well_formed", "acceptance", "identical_to_aspd", "parses")
                          if any(r.get(c) is not None for r in rows)]
     table = markdown_table(rows, columns)
