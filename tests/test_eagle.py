@@ -15,7 +15,7 @@ from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.models.eagle import EagleHead
 from paradec.scheduler import Scheduler, prefill
 from paradec.state import Row
-from paradec.train.eagle import _batch_loss, features
+from paradec.train.eagle import _batch_loss, draft_vocabulary, features
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):"]
 N_NEW = 40
@@ -31,7 +31,8 @@ def engine(llama_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def heads(engine, tmp_path_factory):
-    """A random head and one trained (briefly) on the tiny target's own greedy text."""
+    """A random head, one trained (briefly) on the tiny target's own greedy text, and one trained
+    the same way that drafts over a small draft vocabulary (the 48 tokens the target emits most)."""
     root = tmp_path_factory.mktemp("eagle_heads")
     torch.manual_seed(0)
     EagleHead(engine.model.config).save(root / "random", {})
@@ -39,22 +40,26 @@ def heads(engine, tmp_path_factory):
              "def g(a, b):\n", "print(", "return ", "if x is None:\n"]
     seqs = [g.token_ids for g in engine.generate(texts, max_new_tokens=64, ignore_eos=True)]
     seqs = [engine.tokenizer.encode(t) + s for t, s in zip(texts, seqs)]
-    feats = features(engine.model, seqs)
-    torch.manual_seed(0)
-    head = EagleHead(engine.model.config)
-    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
-    for step in range(60):
-        idx = [(step * 4 + i) % len(seqs) for i in range(4)]
-        loss, _, _ = _batch_loss(head, engine.model.embed, engine.model.lm_head, [seqs[i] for i in idx],
-                                 [feats[i] for i in idx], 0.1)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    head.save(root / "trained", {})
-    return {"random": root / "random", "trained": root / "trained"}
+    feats, labels = features(engine.model, seqs)
+    for name, vocab in (("trained", None), ("subset", draft_vocabulary(labels, 48, engine.model.config.vocab_size))):
+        torch.manual_seed(0)
+        head = EagleHead(engine.model.config)
+        if vocab is not None:
+            head.set_vocab(vocab)
+        lm_w = head.lm_rows(engine.model.lm_head).detach()
+        opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+        for step in range(60):
+            idx = [(step * 4 + i) % len(seqs) for i in range(4)]
+            loss, _, _ = _batch_loss(head, engine.model.embed, lm_w, [seqs[i] for i in idx], [feats[i] for i in idx],
+                                     [labels[i] for i in idx], 0.1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        head.save(root / name, {})
+    return {"random": root / "random", "trained": root / "trained", "subset": root / "subset"}
 
 
-@pytest.mark.parametrize("which", ["random", "trained"])
+@pytest.mark.parametrize("which", ["random", "trained", "subset"])
 @pytest.mark.parametrize("method", ["eagle", "eagle+propd"])
 def test_greedy_equals_ar_batch_1_and_3(engine, heads, which, method):
     engine.load_eagle(heads[which])
@@ -89,6 +94,25 @@ def test_sampling_matches_target_joint_and_top_k_children_fail(engine, heads):
     finally:
         EagleDrafter._children = orig
     assert bad > bound, (bad, bound)
+
+
+def test_draft_vocabulary_head_drafts_only_its_tokens_and_samples_exactly(engine, heads):
+    """A head with a draft vocabulary proposes only those tokens (q is zero elsewhere), and
+    multi-step speculative sampling over it still gives the target's joint."""
+    engine.load_eagle(heads["subset"])
+    vocab = set(engine.eagle.vocab.tolist())
+    assert len(vocab) == 48
+    gen = engine.config(method="eagle", max_new_tokens=20, ignore_eos=True)
+    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
+    seqs = [engine.tokenizer.encode(p) for p in PROMPTS]
+    with torch.inference_mode():
+        cache = engine.model.new_cache(3, 256)
+        h = prefill(engine.model, [Row(s, len(s), None, None) for s in seqs], cache)
+        drafter.begin(seqs, 256, engine.model.norm(h))
+        props = drafter.propose(seqs, [None] * 3)
+    assert all(set(p.tree.tokens[1:]) <= vocab for p in props)
+    tv, bound, _, _ = two_token_joint_tv(engine, method="eagle")
+    assert tv < bound
 
 
 def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
@@ -154,3 +178,38 @@ def test_cost_model_picks_bigger_trees_when_they_pay():
         for _ in range(5):
             cost.latency.observe(tokens, 0.010 + 0.01 * tokens)  # every node costs a full step
     assert cost.choose(1, [[0.05] * 64]) == 0
+
+
+def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
+    """`paradec train eagle`'s recipe on a tiny GGUF chat model: the target's answers plus another
+    model's answers, a draft vocabulary; the shipped head loads and stays lossless; a run dir
+    holding another configuration's state is refused, not silently resumed."""
+    import json
+
+    from paradec.errors import ParadecError
+    from paradec.testing import make_tokenizer, stdlib_text, write_gguf
+    from paradec.train.eagle import EagleTrainConfig, train_eagle
+
+    monkeypatch.setenv("PARADEC_HOME", str(tmp_path / "home"))
+    tok = make_tokenizer(320, stdlib_text(40_000), special=("<|im_start|>", "<|im_end|>"))
+    gguf = tmp_path / "base.gguf"
+    write_gguf(gguf, tok, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    qs = [{"question_id": f"q{n}", "turns": [f"Write a function number {n}."]} for n in range(30)]
+    (tmp_path / "question.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qs))
+    answers = [{"question_id": f"q{n}", "choices": [{"index": 0, "turns": [f"def f{n}(x):\n    return x + {n}\n"]}]}
+               for n in range(30)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+    cfg = EagleTrainConfig(epochs=2, draft_vocab=64, answers=(str(tmp_path / "a.jsonl"),), max_len=96,
+                           accept_prompts=2, accept_tokens=16)
+    summary = train_eagle(gguf, tmp_path / "head", tmp_path / "run", tmp_path / "question.jsonl", cfg)
+    assert summary["done"] and summary["draft_vocab"] == 64
+    assert summary["train_sequences"] > summary["train_sequences_target"] > 0
+    assert 0 < summary["heldout_label_coverage"] <= 1 and len(summary["accept_per_depth"]) == 5
+    engine = paradec.load(gguf, dtype="fp32", eagle=tmp_path / "head")
+    assert len(engine.eagle.vocab) == 64
+    msgs = [{"role": "user", "content": "Write a function number 7."}]
+    ar = engine.generate(msgs, max_new_tokens=24, ignore_eos=True)
+    assert engine.generate(msgs, method="eagle", max_new_tokens=24, ignore_eos=True).token_ids == ar.token_ids
+    with pytest.raises(ParadecError, match="run dir|--run-dir"):
+        train_eagle(gguf, tmp_path / "head2", tmp_path / "run", tmp_path / "question.jsonl",
+                    EagleTrainConfig(**{**cfg.__dict__, "draft_vocab": 32}))

@@ -47,6 +47,11 @@ def add_train_parser(sub) -> None:
     te.add_argument("--out", required=True)
     te.add_argument("--questions", required=True, metavar="FILE",
                     help="train on the target's answers to these questions (question.jsonl; never an evaluation set)")
+    te.add_argument("--answers", nargs="*", default=[], metavar="FILE",
+                    help="other models' answers to --questions (model_answer jsonl): more text to read the target's "
+                         "features on")
+    te.add_argument("--draft-vocab", type=int, default=8192,
+                    help="draft over the K tokens the target emits most often (0: the whole vocabulary)")
     te.add_argument("--run-dir", default="runs/zoo", help="answers, features, resumable state and logs")
     te.add_argument("--epochs", type=float, default=3.0)
     te.add_argument("--lr", type=float, default=1e-3)
@@ -145,8 +150,14 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise ParadecError("--epochs and --lr must be > 0")
         if not Path(args.questions).is_file():
             raise ParadecError(f"--questions {args.questions}: no such file; pass a FastChat question.jsonl")
+        for f in args.answers:
+            if not Path(f).is_file():
+                raise ParadecError(f"--answers {f}: no such file; pass FastChat model_answer jsonl files")
+        if args.draft_vocab < 0:
+            raise ParadecError("--draft-vocab must be >= 0 (0: the whole vocabulary)")
         writable_dir(Path(args.out), "--out")
-        cfg = EagleTrainConfig(epochs=args.epochs, lr=args.lr, min_lr=args.lr / 10, minutes=args.minutes)
+        cfg = EagleTrainConfig(epochs=args.epochs, lr=args.lr, min_lr=args.lr / 10, minutes=args.minutes,
+                               draft_vocab=args.draft_vocab or None, answers=tuple(args.answers))
         summary = train_eagle(args.target, args.out, args.run_dir, args.questions, cfg)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
     elif args.what == "aspd":

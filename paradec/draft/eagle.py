@@ -87,6 +87,9 @@ class EagleDrafter(DrafterHooks):
         # sampling verifies every drawn node: keep the tree within the verifier's limit
         self.topk = topk if sampling.greedy else min(topk, 2)
         self.device = head.fc.weight.device
+        self.lm_w = head.lm_rows(lm_head)  # [K or vocab, hidden]: the LM head rows drafts are read from
+        self.vocab = None if head.vocab is None else head.vocab.to(self.device)  # [K] draft slot -> token id
+        self.vocab_ids = None if head.vocab is None else head.vocab.tolist()
         self.cache = None
         self.pending: list[list[tuple[torch.Tensor, int]]] = []  # per row: (feature f_t [hidden], token x_{t+1})
         self.candidates: list[list[tuple[tuple[int, ...], float]]] = []  # per row: (path tokens, log confidence)
@@ -157,7 +160,7 @@ class EagleDrafter(DrafterHooks):
             front_feats = torch.stack([out[b, len(chain) - 1] for b, chain in enumerate(self.pending)])[:, None]
             start = width
             for d in range(self.depth):
-                logits = self.lm_head(front_feats).float()  # [batch, front, vocab]: q of their children
+                logits = (front_feats @ self.lm_w.T).float()  # [batch, front, K]: q of their children
                 new = [[] for _ in sequences]
                 for b, row_kids in enumerate(self._children(logits, generators)):
                     for i, tok, logq, q in row_kids:
@@ -184,19 +187,26 @@ class EagleDrafter(DrafterHooks):
         return [self._tree(b, seq[-1], nodes[b]) for b, seq in enumerate(sequences)]
 
     def _children(self, logits: torch.Tensor, generators) -> list[list[tuple[int, int, float, torch.Tensor | None]]]:
-        """logits [batch, frontier, vocab] -> per row, ``topk`` children per frontier node."""
+        """logits [batch, frontier, K] (K: the draft vocabulary, or the whole one) -> per row,
+        ``topk`` children per frontier node: (frontier index, token, log q, q [vocab] | None)."""
+        tok = (lambda k: k) if self.vocab_ids is None else self.vocab_ids.__getitem__
         if self.sampling.greedy:
             logp = logits.log_softmax(-1)
             top = logp.topk(self.topk, dim=-1)
-            toks, vals = top.indices.tolist(), top.values.tolist()  # host sync: the tree is built on the host
-            return [[(i, t, v, None) for i, (ts, vs) in enumerate(zip(row_t, row_v)) for t, v in zip(ts, vs)]
-                    for row_t, row_v in zip(toks, vals)]
-        q = probs(logits, self.sampling)  # [batch, frontier, vocab]
+            idx, vals = top.indices.tolist(), top.values.tolist()  # host sync: the tree is built on the host
+            return [[(i, tok(k), v, None) for i, (ks, vs) in enumerate(zip(row_k, row_v)) for k, v in zip(ks, vs)]
+                    for row_k, row_v in zip(idx, vals)]
+        q = probs(logits, self.sampling)  # [batch, frontier, K]
+        if self.vocab is not None:  # q over the whole vocabulary, zero outside the draft's: what MSS needs
+            full = q.new_zeros(*q.shape[:-1], self.lm_head.weight.shape[0])
+            q_full = full.scatter_(-1, self.vocab.expand_as(q), q)
+        else:
+            q_full = q
         out = []
         for b, gen in enumerate(generators):
             draws = torch.multinomial(q[b], self.topk, replacement=True, generator=gen).tolist()  # host sync
-            out.append([(i, t, math.log(max(float(q[b, i, t]), 1e-30)), q[b, i]) for i, ts in enumerate(draws)
-                        for t in ts])
+            out.append([(i, tok(k), math.log(max(float(q[b, i, k]), 1e-30)), q_full[b, i]) for i, ks in enumerate(draws)
+                        for k in ks])
         return out
 
     def _tree(self, b: int, root: int, nodes: list[tuple]) -> Proposal:

@@ -6,8 +6,11 @@ reads; EAGLE-1/2's choice, see docs/ARCHITECTURE.md). The head reads pairs (f_t,
     f^_{t+1} = Block(fc([embed(x_{t+1}); f_t]))       one decoder layer of this runtime
     q(x_{t+2}) = softmax(lm_head(f^_{t+1}))            the target's own LM head, frozen
 
-``embed`` and ``lm_head`` are the target's modules, shared (passed in, never copied or
-saved). The head keeps its own one-layer KV cache (``new_cache``), which the drafter keeps in
+``embed`` and ``lm_head`` are the target's modules, shared (passed in, never saved). A head may
+carry a draft vocabulary (EAGLE-3's idea): ``vocab`` [K], the K tokens the target emits most
+often; the drafter then reads only those K rows of the LM head (K = 8192 of SmolLM2's 49,152
+cuts the largest matmul of a draft step 6x), and q is zero outside them. That changes what is
+proposed, never what is verified. The head keeps its own one-layer KV cache (``new_cache``), which the drafter keeps in
 step with what the target commits. Saved as ``eagle.safetensors`` + ``eagle.json`` (the
 layer's shape, the training summary).
 """
@@ -33,7 +36,7 @@ EAGLE_WEIGHTS = "eagle.safetensors"
 
 
 class EagleHead(nn.Module):
-    def __init__(self, target: ModelConfig) -> None:
+    def __init__(self, target: ModelConfig, draft_vocab: int | None = None) -> None:
         super().__init__()
         self.config = replace(target, num_layers=1)
         h = target.hidden_size
@@ -41,6 +44,17 @@ class EagleHead(nn.Module):
         self.block = Block(self.config, 0)
         self.block.attn.exact = self.block.mlp.exact = False  # a draft needs no bit-exact path
         self.register_buffer("inv_freq", rope_inv_freq(target), persistent=False)
+        # [K] token ids of the draft vocabulary (None: all; a None buffer is not saved)
+        self.register_buffer("vocab", None if draft_vocab is None else torch.arange(draft_vocab))
+
+    def set_vocab(self, tokens: torch.Tensor) -> None:
+        """tokens [K]: the draft vocabulary (distinct ids, most frequent first)."""
+        self.vocab = tokens.to(device=self.fc.weight.device, dtype=torch.long).clone()
+
+    def lm_rows(self, lm_head: nn.Linear) -> torch.Tensor:
+        """The LM head's rows that the draft reads: [K or vocab, hidden]."""
+        w = lm_head.weight
+        return w if self.vocab is None else w[self.vocab.to(w.device)]
 
     def forward(self, feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, embed: nn.Embedding,
                 mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
@@ -60,9 +74,11 @@ class EagleHead(nn.Module):
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out_dir / (EAGLE_WEIGHTS + ".tmp")
-        save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()}, str(tmp))
+        save_file({k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+                   for k, v in self.state_dict().items()}, str(tmp))
         tmp.replace(out_dir / EAGLE_WEIGHTS)
-        meta = {**meta, "target": asdict(self.config) | {"num_layers": None}}
+        meta = {**meta, "target": asdict(self.config) | {"num_layers": None},
+                "draft_vocab": None if self.vocab is None else len(self.vocab)}
         (out_dir / (EAGLE_JSON + ".tmp")).write_text(json.dumps(meta, indent=2, default=list) + "\n")
         (out_dir / (EAGLE_JSON + ".tmp")).replace(out_dir / EAGLE_JSON)
 
@@ -77,11 +93,18 @@ def load_eagle(path: str | Path, target: ModelConfig, dtype: torch.dtype, device
     except (SafetensorError, OSError, ValueError) as exc:
         raise ParadecError(f"cannot read {path / EAGLE_WEIGHTS} ({str(exc).splitlines()[0]}); retrain or re-copy "
                            "the head") from None
-    head = EagleHead(target)
+    try:
+        meta = json.loads((path / EAGLE_JSON).read_text())
+    except ValueError:
+        raise ParadecError(f"{path / EAGLE_JSON} is not valid JSON; retrain or re-copy the head") from None
+    head = EagleHead(target, meta.get("draft_vocab"))
     want = {k: tuple(v.shape) for k, v in head.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in tensors.items()}
     if want != got:
         raise ParadecError(f"the EAGLE head at {path} was trained for another model (its shapes differ from this "
                            "model's); pass the head trained for this model")
     head.load_state_dict(tensors)
+    if head.vocab is not None and int(head.vocab.max()) >= target.vocab_size:
+        raise ParadecError(f"the EAGLE head at {path} drafts tokens this model lacks (its draft vocabulary was built "
+                           "for another tokenizer); pass the head trained for this model")
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -1,13 +1,21 @@
-"""``paradec train eagle``: EAGLE's draft head, trained on the target's own answers.
+"""``paradec train eagle``: EAGLE's draft head, trained on the target's features.
 
 Data: the target's greedy answers to non-evaluation questions through its chat template (the
 heads recipe's data, ``chat_recipes.target_answers``: arena-hard by default; cached and
-resumable). The frozen target runs once over every (prompt + answer) sequence; its final normed
-hidden states are the features f_t (cached in ``run_dir/eagle_features.pt``).
+resumable), plus, when given (``answers``), other models' answers to the same training
+questions: EAGLE trains on a fixed chat corpus, not the target's text, because what it learns is
+the target's feature dynamics, read off whatever text the target runs over. The frozen target
+runs once over every (prompt + answer) sequence; its final normed hidden states are the features
+f_t, and its greedy next token at every position is the label (cached in
+``run_dir/eagle_features.pt``).
+
+Draft vocabulary (``draft_vocab`` K): the K tokens most often the target's greedy label on the
+training text; the head's CE reads only those rows of the LM head, as its drafts will.
 
 Loss (EAGLE-1/2): the head reads pairs (f_t, x_{t+1}) under a causal mask, predicts f^_{t+1};
-``SmoothL1(f^_{t+1}, f_{t+1}) + cls_weight * CE(lm_head(f^_{t+1}), x_{t+2})`` over every
-position (the prompt's too: the head must read it as context at decode time). AdamW, cosine
+``SmoothL1(f^_{t+1}, f_{t+1}) + cls_weight * CE(p_{t+2}, q^_{t+2})`` over every position (the
+prompt's too: the head must read it as context at decode time), where p is the target's
+distribution from its true feature f_{t+1} and q^ the head's, both over the draft vocabulary. AdamW, cosine
 schedule, a few epochs; state saved atomically every ``save_every`` steps (rerun to resume).
 Held out: the split's questions; reported: teacher-forced top-1 (the head's first guess given
 true features) and, after training, acceptance per depth of greedy chains drafted by the
@@ -29,6 +37,8 @@ from tqdm import tqdm
 from paradec.engine import load
 from paradec.errors import ParadecError
 from paradec.models.eagle import EagleHead
+from paradec.train.aspd_chat import read_answers
+from paradec.train.chat_data import load_questions
 from paradec.train.chat_recipes import target_answers
 from paradec.train.lm import cosine_lr, save_atomic
 
@@ -49,46 +59,74 @@ class EagleTrainConfig:
     minutes: float | None = None
     accept_prompts: int = 12  # held-out prompts for the acceptance-per-depth measurement
     accept_tokens: int = 64
+    draft_vocab: int | None = 8192  # None: draft over the whole vocabulary
+    answers: tuple[str, ...] = ()  # other models' answers (FastChat model_answer jsonl) to train on too
 
 
 @torch.inference_mode()
-def features(model, seqs: list[list[int]]) -> list[torch.Tensor]:
-    """The target's final normed hidden state at every position: per sequence [n, hidden] (bf16)."""
-    out = []
+def features(model, seqs: list[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The target's final normed hidden state at every position, per sequence [n, hidden]
+    (bf16), and its greedy next token there, per sequence [n] (int32)."""
+    feats, labels = [], []
     for seq in tqdm(seqs, desc="features", unit="seq", dynamic_ncols=True):
         ids = torch.tensor([seq], device=model.embed.weight.device)
-        h = model.hidden(ids, torch.arange(len(seq))[None], None, None)
-        out.append(model.norm(h)[0].to(torch.bfloat16).cpu())
-    return out
+        f = model.norm(model.hidden(ids, torch.arange(len(seq))[None], None, None))[0]
+        feats.append(f.to(torch.bfloat16).cpu())
+        labels.append(model.lm_head(f).argmax(-1).to(torch.int32).cpu())
+    return feats, labels
 
 
-def _batch_loss(head: EagleHead, embed, lm_head, seqs: list[list[int]], feats: list[torch.Tensor],
-                cls_weight: float) -> tuple[torch.Tensor, float, int]:
-    """-> (loss, teacher-forced top-1 hits, positions with a label)."""
+def draft_vocabulary(labels: list[torch.Tensor], size: int, vocab_size: int) -> torch.Tensor:
+    """The ``size`` tokens most often the target's greedy label, most frequent first: [size]."""
+    counts = torch.bincount(torch.cat(labels).long(), minlength=vocab_size)
+    return counts.argsort(descending=True, stable=True)[:size]
+
+
+def _batch_loss(head: EagleHead, embed, lm_w: torch.Tensor, seqs: list[list[int]], feats: list[torch.Tensor],
+                labels: list[torch.Tensor], cls_weight: float) -> tuple[torch.Tensor, float, int]:
+    """lm_w [K, hidden]: the LM head rows of the draft vocabulary -> (loss, teacher-forced
+    top-1 hits (the head's first guess is the target's greedy token), positions with a label)."""
     width = max(len(s) for s in seqs) - 1
     hidden = feats[0].shape[-1]
     b = len(seqs)
     f_in = torch.zeros(b, width, hidden)
     f_out = torch.zeros(b, width, hidden)
     x_in = torch.zeros(b, width, dtype=torch.long)
-    y = torch.full((b, width), -100, dtype=torch.long)
+    y = torch.full((b, width), -1, dtype=torch.long)  # the target's greedy token after x_{t+1}
     valid = torch.zeros(b, width, dtype=torch.bool)
-    for i, (s, f) in enumerate(zip(seqs, feats)):
+    for i, (s, f, lab) in enumerate(zip(seqs, feats, labels)):
         n = len(s) - 1  # pairs (f_t, x_{t+1}), t = 0 .. n-1
         f_in[i, :n] = f[:n].float()
         f_out[i, :n] = f[1:n + 1].float()
         x_in[i, :n] = torch.tensor(s[1:])
-        y[i, : n - 1] = torch.tensor(s[2:])
+        y[i, :n] = lab[1:n + 1].long()
         valid[i, :n] = True
     pos = torch.arange(width).expand(b, width)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         pred = head(f_in, x_in, pos, embed)  # [b, width, hidden]
-        logits = lm_head(pred)
+        logits = pred @ lm_w.T  # [b, width, K]
+    with torch.no_grad():
+        p = (f_out[valid] @ lm_w.float().T).softmax(-1)  # [positions, K]: the target's p on the draft vocabulary
     reg = F.smooth_l1_loss(pred.float()[valid], f_out[valid])
-    cls = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
-    labelled = y != -100
-    hits = float((logits.argmax(-1) == y)[labelled].sum())
-    return reg + cls_weight * cls, hits, int(labelled.sum())
+    cls = -(p * logits.float()[valid].log_softmax(-1)).sum(-1).mean()
+    guess = logits[valid].argmax(-1)
+    if head.vocab is not None:
+        guess = head.vocab[guess]
+    hits = float((guess == y[valid]).sum())
+    return reg + cls_weight * cls, hits, int(valid.sum())
+
+
+def answer_seqs(hf_tokenizer, answer_files: list[str | Path], questions: dict[str, str], max_len: int) -> list[list[int]]:
+    """Other models' first-turn answers to ``questions``, each through the chat template
+    (question, answer) and cut to ``max_len`` tokens."""
+    out = []
+    for path in answer_files:
+        for qid, answer in read_answers(Path(path), hf_tokenizer):
+            if qid in questions and answer.strip():
+                text = hf_tokenizer.apply_chat_template([{"role": "user", "content": questions[qid]},
+                                                         {"role": "assistant", "content": answer}], tokenize=False)
+                out.append(hf_tokenizer(text, add_special_tokens=False).input_ids[:max_len])
+    return out
 
 
 def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, questions_path: str | Path,
@@ -104,25 +142,39 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     train, held = seqs_of(train_recs), seqs_of(held_recs)
     if not train or not held:
         raise ParadecError("no answers to train on; check questions= (a FastChat question.jsonl)")
+    own = len(train)
+    if cfg.answers:
+        held_ids = {r["question_id"] for r in held_recs}
+        questions = {q: text for q, text in load_questions(questions_path) if q not in held_ids}
+        train += [s for s in answer_seqs(target.tokenizer.hf, list(cfg.answers), questions, cfg.max_len) if len(s) > 3]
     cache = run_dir / "eagle_features.pt"
-    key = [len(train), len(held), cfg.max_len, sum(map(len, train))]
+    key = [len(train), len(held), cfg.max_len, sum(map(len, train)), 2]
     if cache.is_file() and torch.load(cache, weights_only=False)["key"] == key:
-        f_train, f_held = torch.load(cache, weights_only=False)["data"]
+        f_train, l_train, f_held, l_held = torch.load(cache, weights_only=False)["data"]
     else:
-        f_train, f_held = features(target.model, train), features(target.model, held)
-        save_atomic({"key": key, "data": (f_train, f_held)}, cache)
+        (f_train, l_train), (f_held, l_held) = features(target.model, train), features(target.model, held)
+        save_atomic({"key": key, "data": (f_train, l_train, f_held, l_held)}, cache)
 
     torch.manual_seed(cfg.seed)
     model = target.model.float()  # the frozen embedding and LM head in fp32 (autocast runs bf16)
-    embed, lm_head = model.embed, model.lm_head
+    embed = model.embed
+    vocab_size = model.lm_head.weight.shape[0]
     head = EagleHead(model.config)
+    if cfg.draft_vocab is not None and cfg.draft_vocab < vocab_size:
+        head.set_vocab(draft_vocabulary(l_train, cfg.draft_vocab, vocab_size))
+    lm_w = head.lm_rows(model.lm_head).detach()  # [K, hidden]
+    coverage = float(torch.isin(torch.cat(l_held).long(), head.vocab).float().mean()) if head.vocab is not None else 1.0
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     per_epoch = max(1, len(train) // cfg.batch_seqs)
     total = max(1, int(cfg.epochs * per_epoch))
     state_path = run_dir / "eagle_state.pt"
     step, elapsed = 0, 0.0
+    run_key = [cfg.draft_vocab, len(train), total]  # a resumed run must be this run
     if state_path.exists():
         st = torch.load(state_path, weights_only=False)
+        if st.get("run_key") != run_key:
+            raise ParadecError(f"{state_path} holds a run with other data, epochs or draft vocabulary; pass a new "
+                               "--run-dir (or delete that file to start over)")
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
@@ -132,7 +184,8 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
         hits = n = 0
         losses = []
         for i in range(0, len(held), 8):
-            loss, h, k = _batch_loss(head, embed, lm_head, held[i: i + 8], f_held[i: i + 8], cfg.cls_weight)
+            loss, h, k = _batch_loss(head, embed, lm_w, held[i: i + 8], f_held[i: i + 8], l_held[i: i + 8],
+                                     cfg.cls_weight)
             losses.append(loss.item())
             hits, n = hits + h, n + k
         return {"heldout_loss": round(float(np.mean(losses)), 4), "heldout_top1": round(hits / max(1, n), 4)}
@@ -148,8 +201,8 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
         idx = np.random.default_rng(cfg.seed + epoch).permutation(len(train))[k * cfg.batch_seqs: (k + 1) * cfg.batch_seqs]
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, total, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-        loss, hits, n = _batch_loss(head, embed, lm_head, [train[i] for i in idx], [f_train[i] for i in idx],
-                                    cfg.cls_weight)
+        loss, hits, n = _batch_loss(head, embed, lm_w, [train[i] for i in idx], [f_train[i] for i in idx],
+                                    [l_train[i] for i in idx], cfg.cls_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
@@ -164,12 +217,15 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
         bar.update(1)
         bar.set_postfix(loss=rec["loss"], top1=rec["top1"])
         if step % cfg.save_every == 0:
-            save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
+            save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "run_key": run_key,
                          "elapsed": elapsed + time.perf_counter() - t0}, state_path)
     bar.close()
     elapsed += time.perf_counter() - t0
-    save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed}, state_path)
+    save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "run_key": run_key,
+                 "elapsed": elapsed}, state_path)
     summary = {"steps": step, "total_steps": total, "done": step >= total, "train_sequences": len(train),
+               "train_sequences_target": own, "draft_vocab": None if head.vocab is None else len(head.vocab),
+               "heldout_label_coverage": round(coverage, 4),
                "heldout_sequences": len(held), "train_tokens": sum(map(len, train)), "wall_s": round(elapsed, 1),
                **heldout(), "params": sum(p.numel() for p in head.parameters()), "config": asdict(cfg)}
     if summary["done"]:
