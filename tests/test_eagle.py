@@ -96,20 +96,26 @@ def test_sampling_matches_target_joint_and_top_k_children_fail(engine, heads):
     assert bad > bound, (bad, bound)
 
 
+def first_proposals(engine, nodes: int) -> tuple[EagleDrafter, list]:
+    """A fresh greedy drafter over the loaded head, begun on PROMPTS' prefill -> (drafter, its
+    first proposals)."""
+    gen = engine.config(method="eagle", max_new_tokens=20, ignore_eos=True, tree_nodes=nodes)
+    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling, nodes=nodes)
+    seqs = [engine.tokenizer.encode(p) for p in PROMPTS]
+    with torch.inference_mode():
+        cache = engine.model.new_cache(3, 256)
+        h = prefill(engine.model, [Row(s, len(s), None, None) for s in seqs], cache)
+        drafter.begin(seqs, 256, engine.model.norm(h))
+        return drafter, drafter.propose(seqs, [None] * 3)
+
+
 def test_draft_vocabulary_head_drafts_only_its_tokens_and_samples_exactly(engine, heads):
     """A head with a draft vocabulary proposes only those tokens (q is zero elsewhere), and
     multi-step speculative sampling over it still gives the target's joint."""
     engine.load_eagle(heads["subset"])
     vocab = set(engine.eagle.vocab.tolist())
     assert len(vocab) == 48
-    gen = engine.config(method="eagle", max_new_tokens=20, ignore_eos=True)
-    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
-    seqs = [engine.tokenizer.encode(p) for p in PROMPTS]
-    with torch.inference_mode():
-        cache = engine.model.new_cache(3, 256)
-        h = prefill(engine.model, [Row(s, len(s), None, None) for s in seqs], cache)
-        drafter.begin(seqs, 256, engine.model.norm(h))
-        props = drafter.propose(seqs, [None] * 3)
+    _, props = first_proposals(engine, 16)
     assert all(set(p.tree.tokens[1:]) <= vocab for p in props)
     tv, bound, _, _ = two_token_joint_tv(engine, method="eagle")
     assert tv < bound
@@ -142,14 +148,7 @@ def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
 
 def test_every_proposal_is_a_tree_ranked_by_confidence(engine, heads):
     engine.load_eagle(heads["trained"])
-    gen = engine.config(method="eagle", max_new_tokens=20, ignore_eos=True, tree_nodes=12)
-    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling, nodes=12)
-    seqs = [engine.tokenizer.encode(p) for p in PROMPTS]
-    with torch.inference_mode():
-        cache = engine.model.new_cache(3, 256)
-        h = prefill(engine.model, [Row(s, len(s), None, None) for s in seqs], cache)
-        drafter.begin(seqs, 256, engine.model.norm(h))
-        props = drafter.propose(seqs, [None] * 3)
+    drafter, props = first_proposals(engine, 12)
     for b, prop in enumerate(props):
         tree = prop.tree
         assert len(tree) == 13 and all(0 <= p < i for i, p in enumerate(tree.parents) if i)
