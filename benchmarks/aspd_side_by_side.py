@@ -32,8 +32,8 @@ def main() -> int:
     args = ap.parse_args()
     try:
         adapter = Path(args.adapter) if args.adapter else bundled_aspd()
-        twin_dir = aspd_twin(adapter) if adapter else None
-        if adapter is None or twin_dir is None:
+        twin_dir = aspd_twin(adapter)
+        if twin_dir is None:
             raise ParadecError("need an ASPD adapter with its Seq twin beside it (ADAPTER-seq); pass --adapter")
         prompts = {p.id: p for p in load_prompts(args.prompts)}
         missing = [i for i in args.ids if i not in prompts]

@@ -88,10 +88,10 @@ def answer_windows(records: list[dict], ctx_len: int, cont_len: int, stride: int
     return np.asarray(out, dtype=np.int64).reshape(-1, ctx_len + cont_len)
 
 
-def chat_stream(tokenizer, answer_files: list[str | Path], questions: dict[str, str]) -> np.ndarray:
-    """Other models' answers to ``questions`` as one token stream: each pair through the chat
-    template (question, answer), concatenated."""
-    out: list[int] = []
+def chat_conversations(tokenizer, answer_files: list[str | Path], questions: dict[str, str]) -> list[list[int]]:
+    """Other models' first-turn answers to ``questions``, each pair (question, answer) through
+    the chat template: one token list per conversation."""
+    out: list[list[int]] = []
     for path in answer_files:
         for rec in read_jsonl(Path(path)):
             q = questions.get(str(rec.get("question_id")))
@@ -103,5 +103,12 @@ def chat_stream(tokenizer, answer_files: list[str | Path], questions: dict[str, 
                 continue
             text = tokenizer.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": answer}],
                                                  tokenize=False)
-            out += tokenizer(text, add_special_tokens=False).input_ids
-    return np.asarray(out, dtype=np.int64)
+            out.append(tokenizer(text, add_special_tokens=False).input_ids)
+    return out
+
+
+def chat_stream(tokenizer, answer_files: list[str | Path], questions: dict[str, str]) -> np.ndarray:
+    """Other models' answers to ``questions`` as one token stream: the chat conversations
+    (``chat_conversations``) concatenated."""
+    return np.asarray([t for conv in chat_conversations(tokenizer, answer_files, questions) for t in conv],
+                      dtype=np.int64)

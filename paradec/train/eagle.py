@@ -37,8 +37,7 @@ from tqdm import tqdm
 from paradec.engine import load
 from paradec.errors import ParadecError
 from paradec.models.eagle import EagleHead
-from paradec.train.aspd_chat import read_answers
-from paradec.train.chat_data import load_questions
+from paradec.train.chat_data import chat_conversations, load_questions
 from paradec.train.chat_recipes import target_answers
 from paradec.train.lm import cosine_lr, save_atomic
 
@@ -107,26 +106,14 @@ def _batch_loss(head: EagleHead, embed, lm_w: torch.Tensor, seqs: list[list[int]
         logits = pred @ lm_w.T  # [b, width, K]
     with torch.no_grad():
         p = (f_out[valid] @ lm_w.float().T).softmax(-1)  # [positions, K]: the target's p on the draft vocabulary
+    logits = logits[valid].float()  # [positions, K]
     reg = F.smooth_l1_loss(pred.float()[valid], f_out[valid])
-    cls = -(p * logits.float()[valid].log_softmax(-1)).sum(-1).mean()
-    guess = logits[valid].argmax(-1)
+    cls = -(p * logits.log_softmax(-1)).sum(-1).mean()
+    guess = logits.argmax(-1)
     if head.vocab is not None:
         guess = head.vocab[guess]
     hits = float((guess == y[valid]).sum())
     return reg + cls_weight * cls, hits, int(valid.sum())
-
-
-def answer_seqs(hf_tokenizer, answer_files: list[str | Path], questions: dict[str, str], max_len: int) -> list[list[int]]:
-    """Other models' first-turn answers to ``questions``, each through the chat template
-    (question, answer) and cut to ``max_len`` tokens."""
-    out = []
-    for path in answer_files:
-        for qid, answer in read_answers(Path(path), hf_tokenizer):
-            if qid in questions and answer.strip():
-                text = hf_tokenizer.apply_chat_template([{"role": "user", "content": questions[qid]},
-                                                         {"role": "assistant", "content": answer}], tokenize=False)
-                out.append(hf_tokenizer(text, add_special_tokens=False).input_ids[:max_len])
-    return out
 
 
 def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, questions_path: str | Path,
@@ -146,9 +133,10 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     if cfg.answers:
         held_ids = {r["question_id"] for r in held_recs}
         questions = {q: text for q, text in load_questions(questions_path) if q not in held_ids}
-        train += [s for s in answer_seqs(target.tokenizer.hf, list(cfg.answers), questions, cfg.max_len) if len(s) > 3]
+        train += [conv[: cfg.max_len] for conv in chat_conversations(target.tokenizer.hf, list(cfg.answers), questions)
+                  if len(conv) > 3]
     cache = run_dir / "eagle_features.pt"
-    key = [len(train), len(held), cfg.max_len, sum(map(len, train)), 2]
+    key = [len(train), len(held), cfg.max_len, sum(map(len, train)), "labels"]  # "labels": cache holds them too
     if cache.is_file() and torch.load(cache, weights_only=False)["key"] == key:
         f_train, l_train, f_held, l_held = torch.load(cache, weights_only=False)["data"]
     else:
