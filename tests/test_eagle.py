@@ -62,7 +62,10 @@ def heads(engine, tmp_path_factory):
 @pytest.mark.parametrize("which", ["random", "trained", "subset"])
 @pytest.mark.parametrize("method", ["eagle", "eagle+propd"])
 def test_greedy_equals_ar_batch_1_and_3(engine, heads, which, method):
+    from paradec.models.quant import Int8Linear
+
     engine.load_eagle(heads[which])
+    assert isinstance(engine.eagle.block.mlp.w_down, Int8Linear)  # a CPU drafts on int8 weights (load_eagle)
     ar = engine.generate(PROMPTS, max_new_tokens=N_NEW, ignore_eos=True)
     batch = engine.generate(PROMPTS, method=method, max_new_tokens=N_NEW, ignore_eos=True)
     solo = [engine.generate(p, method=method, max_new_tokens=N_NEW, ignore_eos=True) for p in PROMPTS]
@@ -119,6 +122,43 @@ def test_draft_vocabulary_head_drafts_only_its_tokens_and_samples_exactly(engine
     assert all(set(p.tree.tokens[1:]) <= vocab for p in props)
     tv, bound, _, _ = two_token_joint_tv(engine, method="eagle")
     assert tv < bound
+
+
+def _tree_depth(parents: list[int], n: int) -> int:
+    return 0 if parents[n] < 0 else 1 + _tree_depth(parents, parents[n])
+
+
+def test_fixed_size_drafting_stops_early_with_the_same_tree(engine, heads, monkeypatch):
+    """With m fixed, drafting stops once no deeper node can enter the top m; the proposed trees
+    are those of drafting every depth."""
+    import paradec.draft.eagle as eagle_mod
+
+    engine.load_eagle(heads["trained"])
+    with torch.no_grad():  # a confident head: its chains go deep, so a top m reaches past depth 2
+        fc = engine.eagle.fc  # int8 on a CPU (Engine.load_eagle): its per-channel scales carry the size
+        (fc.scales if hasattr(fc, "scales") else fc.weight).mul_(20)
+        fc.bias.mul_(20)
+    passes = {"early": 0, "every": 0}
+    real_run = EagleDrafter._run
+
+    def counted(key):
+        def run(self, *args):
+            passes[key] += 1
+            return real_run(self, *args)
+        return run
+
+    deepest = 0
+    for nodes in (1, 2, 3, 6, 12, 16):
+        monkeypatch.setattr(EagleDrafter, "_run", counted("early"))
+        _, early = first_proposals(engine, nodes)
+        monkeypatch.setattr(EagleDrafter, "_run", counted("every"))
+        monkeypatch.setattr(eagle_mod, "_settled", lambda *a: False)
+        _, every = first_proposals(engine, nodes)
+        monkeypatch.undo()
+        for a, b in zip(early, every):
+            assert (a.tree.tokens, a.tree.parents) == (b.tree.tokens, b.tree.parents)
+            deepest = max(deepest, max(_tree_depth(b.tree.parents, n) for n in range(len(b.tree.parents))))
+    assert passes["early"] < passes["every"] and deepest >= 3
 
 
 def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
@@ -181,8 +221,9 @@ def test_cost_model_picks_bigger_trees_when_they_pay():
 
 def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     """`paradec train eagle`'s recipe on a tiny GGUF chat model: the target's answers plus another
-    model's answers, a draft vocabulary; the shipped head loads and stays lossless; a run dir
-    holding another configuration's state is refused, not silently resumed."""
+    model's answers, a draft vocabulary; the shipped head loads and stays lossless; a warm start
+    (``init``) on more answers computes only the new sequences' features; a run dir holding
+    another configuration's unfinished state is refused, not silently resumed."""
     import json
 
     from paradec.errors import ParadecError
@@ -209,6 +250,26 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     msgs = [{"role": "user", "content": "Write a function number 7."}]
     ar = engine.generate(msgs, max_new_tokens=24, ignore_eos=True)
     assert engine.generate(msgs, method="eagle", max_new_tokens=24, ignore_eos=True).token_ids == ar.token_ids
-    with pytest.raises(ParadecError, match="run dir|--run-dir"):
-        train_eagle(gguf, tmp_path / "head2", tmp_path / "run", tmp_path / "question.jsonl",
+    # more answers, warm-started from the head: only the new sequences' features are computed
+    import paradec.train.eagle as recipe
+
+    computed = []
+    real_features = recipe.features
+    monkeypatch.setattr(recipe, "features", lambda model, seqs: computed.extend(seqs) or real_features(model, seqs))
+    more = [{"question_id": f"q{n}", "choices": [{"index": 0, "turns": [f"def g{n}(y):\n    return y * {n}\n"]}]}
+            for n in range(30)]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(a) + "\n" for a in more))
+    warm = EagleTrainConfig(**{**cfg.__dict__, "answers": (str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")),
+                               "init": str(tmp_path / "head"), "epochs": 1})
+    summary2 = train_eagle(gguf, tmp_path / "head2", tmp_path / "run", tmp_path / "question.jsonl", warm)
+    assert summary2["done"] and summary2["train_sequences"] > summary["train_sequences"]
+    assert 0 < len(computed) <= summary2["train_sequences"] - summary["train_sequences"]
+    assert all("def g" in engine.tokenizer.decode(seq) for seq in computed)  # the new answers only
+    warmed = paradec.load(gguf, dtype="fp32", eagle=tmp_path / "head2").eagle
+    assert torch.equal(warmed.vocab, engine.eagle.vocab)  # the draft vocabulary came with the weights
+    # an unfinished run is resumed by the same configuration only
+    stopped = EagleTrainConfig(**{**cfg.__dict__, "minutes": 1e-9})
+    assert not train_eagle(gguf, tmp_path / "head3", tmp_path / "run3", tmp_path / "question.jsonl", stopped)["done"]
+    with pytest.raises(ParadecError, match="unfinished run"):
+        train_eagle(gguf, tmp_path / "head3", tmp_path / "run3", tmp_path / "question.jsonl",
                     EagleTrainConfig(**{**cfg.__dict__, "draft_vocab": 32}))

@@ -56,6 +56,9 @@ def add_train_parser(sub) -> None:
     te.add_argument("--epochs", type=float, default=3.0)
     te.add_argument("--lr", type=float, default=1e-3)
     te.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
+    te.add_argument("--init", default=None, metavar="PATH",
+                    help="start from this trained head (its weights and draft vocabulary), e.g. to train on more "
+                         "answers")
     ta = tsub.add_parser("aspd", help="ASPD fine-tune (LoRA adapter) of a model: on chat answers whose lists and "
                                       "sections are independent (--questions/--answers), or on stdlib function groups")
     ta.add_argument("--base", required=True, help="the model to fine-tune: a directory or a GGUF file")
@@ -155,9 +158,11 @@ def cmd_train(args: argparse.Namespace) -> None:
                 raise ParadecError(f"--answers {f}: no such file; pass FastChat model_answer jsonl files")
         if args.draft_vocab < 0:
             raise ParadecError("--draft-vocab must be >= 0 (0: the whole vocabulary)")
+        if args.init is not None and not (Path(args.init) / "eagle.json").is_file():
+            raise ParadecError(f"--init {args.init}: no EAGLE head there (eagle.json missing); pass a head directory")
         writable_dir(Path(args.out), "--out")
         cfg = EagleTrainConfig(epochs=args.epochs, lr=args.lr, min_lr=args.lr / 10, minutes=args.minutes,
-                               draft_vocab=args.draft_vocab or None, answers=tuple(args.answers))
+                               draft_vocab=args.draft_vocab or None, answers=tuple(args.answers), init=args.init)
         summary = train_eagle(args.target, args.out, args.run_dir, args.questions, cfg)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
     elif args.what == "aspd":

@@ -7,7 +7,8 @@ questions: EAGLE trains on a fixed chat corpus, not the target's text, because w
 the target's feature dynamics, read off whatever text the target runs over. The frozen target
 runs once over every (prompt + answer) sequence; its final normed hidden states are the features
 f_t, and its greedy next token at every position is the label (cached in
-``run_dir/eagle_features.pt``).
+``run_dir/eagle_features.pt`` by sequence, so adding answer files later costs only their own
+sequences; ``init`` then warm-starts from the head trained before, with its draft vocabulary).
 
 Draft vocabulary (``draft_vocab`` K): the K tokens most often the target's greedy label on the
 training text; the head's CE reads only those rows of the LM head, as its drafts will.
@@ -24,6 +25,7 @@ trained head on held-out prompts (``EagleDrafter`` through ``Engine.generate``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -36,10 +38,12 @@ from tqdm import tqdm
 
 from paradec.engine import load
 from paradec.errors import ParadecError
-from paradec.models.eagle import EagleHead
+from paradec.models.eagle import EagleHead, load_eagle
 from paradec.train.chat_data import chat_conversations, load_questions
 from paradec.train.chat_recipes import target_answers
 from paradec.train.lm import cosine_lr, save_atomic
+
+FEATURES_FORMAT = 2  # eagle_features.pt: {"format", "seqs": {seq_key: (features [n, hidden], labels [n])}}
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class EagleTrainConfig:
     accept_tokens: int = 64
     draft_vocab: int | None = 8192  # None: draft over the whole vocabulary
     answers: tuple[str, ...] = ()  # other models' answers (FastChat model_answer jsonl) to train on too
+    init: str | None = None  # start from this trained head (its weights and draft vocabulary)
 
 
 @torch.inference_mode()
@@ -73,6 +78,26 @@ def features(model, seqs: list[list[int]]) -> tuple[list[torch.Tensor], list[tor
         feats.append(f.to(torch.bfloat16).cpu())
         labels.append(model.lm_head(f).argmax(-1).to(torch.int32).cpu())
     return feats, labels
+
+
+def seq_key(seq: list[int]) -> str:
+    return hashlib.sha1(np.asarray(seq, dtype=np.int64).tobytes()).hexdigest()[:20]
+
+
+def cached_features(model, seqs: list[list[int]], path: Path) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``features`` of ``seqs``, each sequence's computed once: ``path`` keeps them by the
+    sequence's tokens, so adding answer files computes the new sequences only."""
+    store = torch.load(path, weights_only=False) if path.is_file() else {}
+    if store.get("format") != FEATURES_FORMAT:
+        store = {"format": FEATURES_FORMAT, "seqs": {}}
+    todo = [s for s in dict.fromkeys(map(tuple, seqs)) if seq_key(s) not in store["seqs"]]
+    for chunk in range(0, len(todo), 200):  # saved every 200 sequences: an interrupted run keeps them
+        part = [list(s) for s in todo[chunk: chunk + 200]]
+        for s, f, lab in zip(part, *features(model, part)):
+            store["seqs"][seq_key(s)] = (f, lab)
+        save_atomic(store, path)
+    pairs = [store["seqs"][seq_key(s)] for s in seqs]
+    return [f for f, _ in pairs], [lab for _, lab in pairs]
 
 
 def draft_vocabulary(labels: list[torch.Tensor], size: int, vocab_size: int) -> torch.Tensor:
@@ -136,20 +161,19 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
         train += [conv[: cfg.max_len] for conv in chat_conversations(target.tokenizer.hf, list(cfg.answers), questions)
                   if len(conv) > 3]
     cache = run_dir / "eagle_features.pt"
-    key = [len(train), len(held), cfg.max_len, sum(map(len, train)), "labels"]  # "labels": cache holds them too
-    if cache.is_file() and torch.load(cache, weights_only=False)["key"] == key:
-        f_train, l_train, f_held, l_held = torch.load(cache, weights_only=False)["data"]
-    else:
-        (f_train, l_train), (f_held, l_held) = features(target.model, train), features(target.model, held)
-        save_atomic({"key": key, "data": (f_train, l_train, f_held, l_held)}, cache)
+    f_train, l_train = cached_features(target.model, train, cache)
+    f_held, l_held = cached_features(target.model, held, cache)
 
     torch.manual_seed(cfg.seed)
     model = target.model.float()  # the frozen embedding and LM head in fp32 (autocast runs bf16)
     embed = model.embed
     vocab_size = model.lm_head.weight.shape[0]
-    head = EagleHead(model.config)
-    if cfg.draft_vocab is not None and cfg.draft_vocab < vocab_size:
-        head.set_vocab(draft_vocabulary(l_train, cfg.draft_vocab, vocab_size))
+    if cfg.init is not None:  # warm start: the head's weights and its draft vocabulary
+        head = load_eagle(cfg.init, model.config, torch.float32, model.embed.weight.device).requires_grad_(True).train()
+    else:
+        head = EagleHead(model.config)
+        if cfg.draft_vocab is not None and cfg.draft_vocab < vocab_size:
+            head.set_vocab(draft_vocabulary(l_train, cfg.draft_vocab, vocab_size))
     lm_w = head.lm_rows(model.lm_head).detach()  # [K, hidden]
     coverage = float(torch.isin(torch.cat(l_held).long(), head.vocab).float().mean()) if head.vocab is not None else 1.0
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -157,12 +181,12 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     total = max(1, int(cfg.epochs * per_epoch))
     state_path = run_dir / "eagle_state.pt"
     step, elapsed = 0, 0.0
-    run_key = [cfg.draft_vocab, len(train), total]  # a resumed run must be this run
-    if state_path.exists():
-        st = torch.load(state_path, weights_only=False)
-        if st.get("run_key") != run_key:
-            raise ParadecError(f"{state_path} holds a run with other data, epochs or draft vocabulary; pass a new "
-                               "--run-dir (or delete that file to start over)")
+    run_key = [cfg.draft_vocab, len(train), total, cfg.init]  # a resumed run must be this run
+    st = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    if st is not None and st.get("run_key") != run_key and st["step"] < st["run_key"][2]:
+        raise ParadecError(f"{state_path} holds an unfinished run with other data, epochs or draft vocabulary; rerun "
+                           "that one to finish it, or pass a new --run-dir (or delete that file to start over)")
+    if st is not None and st.get("run_key") == run_key:  # resume; a finished other run's state is replaced
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
