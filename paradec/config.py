@@ -185,6 +185,10 @@ MAX_TREE_NODES = 64
 PLD_DRAFT_TOKENS = {"none": 8, "int8": 3, "int4": 3}
 # Medusa's static tree size when the heads do not say what they were tuned for
 DEFAULT_TREE_NODES = 16
+# EAGLE-2's verified nodes (its m): on a 2-core CPU in bf16 a 9-row pass costs ~1.2 `ar` steps and a
+# 17-row one ~1.5, and the top 8 by draft confidence hold most of what the tree gets accepted (SmolLM2,
+# Spec-Bench: m = 8 1.18x `ar`, m = 16 1.06x; benchmarks/README.md). EAGLE-2 uses 60 on a GPU.
+EAGLE_TREE_NODES = 8
 
 
 def expansion_nodes(expansion: tuple[int, ...]) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
-from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig
+from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
 from paradec.errors import ParadecError
@@ -165,7 +165,7 @@ def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
     if spec.dynamic:
         key = ("eagle", id(target.eagle))
         cost = target.policies.setdefault(key, EagleCostModel())
-    nodes = spec.tree_nodes if spec.tree_nodes is not None else DEFAULT_TREE_NODES
+    nodes = spec.tree_nodes if spec.tree_nodes is not None else EAGLE_TREE_NODES
     return EagleDrafter(target.eagle, target.model.embed, target.model.lm_head, gen.sampling, spec.eagle_topk,
                         spec.eagle_depth, nodes, cost)
 

@@ -14,9 +14,11 @@ f_{t+1}; the target's LM head turns that into q(x_{t+2}). Per row and step:
    parent's predicted feature, their token), and each gets ``topk`` children the same way;
 4. greedy: all drafted nodes are reranked by score and the top ``m`` verified (a parent scores
    at least its child and wins ties, so the top m is always a tree). ``m`` is fixed (``eagle``)
-   or chosen each step by ``EagleCostModel`` (``eagle+propd``). Sampling: every drawn node is
-   verified (dropping drawn children by their values would bias multi-step speculative
-   sampling); which nodes grow children may depend on anything known before the draw.
+   or chosen each step by ``EagleCostModel`` (``eagle+propd``); with m fixed, drafting stops
+   at the depth where no deeper node could enter the top m (the same tree, fewer head passes).
+   Sampling: every drawn node is verified (dropping drawn children by their values would bias
+   multi-step speculative sampling); which nodes grow children may depend on anything known
+   before the draw.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class EagleDrafter(DrafterHooks):
         self.depth, self.nodes, self.cost = depth, nodes, cost
         # sampling verifies every drawn node: keep the tree within the verifier's limit
         self.topk = topk if sampling.greedy else min(topk, 2)
-        self.device = head.fc.weight.device
+        self.device = head.device
         self.lm_w = head.lm_rows(lm_head)  # [K or vocab, hidden]: the LM head rows drafts are read from
         self.vocab = None if head.vocab is None else head.vocab.to(self.device)  # [K] draft slot -> token id
         self.vocab_ids = None if head.vocab is None else head.vocab.tolist()
@@ -107,7 +109,7 @@ class EagleDrafter(DrafterHooks):
         hidden = self.head.config.hidden_size
         scratch = 2 * self.depth + 4 + self.depth * self.topk
         self.cache = self.head.new_cache(len(prompts), max_len + scratch)
-        dtype = self.head.fc.weight.dtype
+        dtype = self.head.dtype
         zero = torch.zeros(hidden, dtype=dtype, device=self.device)
         self.pending = [[(features[b, len(p) - 2].to(dtype) if features is not None and len(p) > 1 else zero, p[-1])]
                         for b, p in enumerate(prompts)]
@@ -124,7 +126,7 @@ class EagleDrafter(DrafterHooks):
         (a padding node sees itself only) -> (scratch rows, width, predicted features
         [batch, width, hidden])."""
         width = max(len(c) for c in chains)
-        dtype = self.head.fc.weight.dtype
+        dtype = self.head.dtype
         rows, feats = [], torch.zeros(len(chains), width, self.head.config.hidden_size, dtype=dtype,
                                       device=self.device)
         for b, chain in enumerate(chains):
@@ -172,8 +174,13 @@ class EagleDrafter(DrafterHooks):
                 # the best-scored nodes of this depth grow children next: run their pairs
                 # (their parent's predicted feature, their token) through the head
                 grow = [sorted(mine, key=lambda n, b=b: -nodes[b][n][2])[: self.topk] for b, mine in enumerate(new)]
-                run_feats = torch.stack([torch.stack([front_feats[b, front[b].index(nodes[b][n][0])] for n in grow[b]])
-                                         for b in range(batch)])  # [batch, grow, hidden]
+                if self.sampling.greedy and self.cost is None and all(
+                        _settled(nodes[b], grow[b], self.nodes) for b in range(batch)):
+                    break  # no deeper node can enter a row's top m: the verified trees are complete
+                at = [{n: i for i, n in enumerate(row)} for row in front]  # node -> its index in front_feats
+                parent_at = torch.tensor([[at[b][nodes[b][n][0]] for n in grow[b]] for b in range(batch)],
+                                         device=self.device)  # [batch, grow]
+                run_feats = front_feats[torch.arange(batch, device=self.device)[:, None], parent_at]  # [batch, grow, hidden]
                 for b in range(batch):
                     for n in grow[b]:
                         local[b][n] = rows[b].add(nodes[b][n][1], local[b][nodes[b][n][0]])
@@ -238,7 +245,7 @@ class EagleDrafter(DrafterHooks):
         are the next step's pending pairs."""
         self.cache.commit(row, list(range(len(self.pending[row]))))
         tokens = accepted + [bonus]
-        self.pending[row] = [(hidden[i].to(self.head.fc.weight.dtype), tok) for i, tok in enumerate(tokens)]
+        self.pending[row] = [(hidden[i].to(self.head.dtype), tok) for i, tok in enumerate(tokens)]
         if self.cost is not None:  # calibrate path confidence -> acceptance on every known outcome
             for path, logc in self.candidates[row]:
                 known = len(path) <= len(tokens) or path[: len(tokens)] != tuple(tokens)
@@ -248,6 +255,13 @@ class EagleDrafter(DrafterHooks):
     def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
         if self.cost is not None:
             self.cost.latency.observe(batch * verified, seconds)
+
+
+def _settled(nodes: list[tuple], grow: list[int], m: int) -> bool:
+    """Whether no child of the nodes in ``grow`` can enter the top ``m`` of ``nodes`` (a child
+    scores at most its parent, and loses a tie to a shallower node)."""
+    scores = sorted((n[2] for n in nodes[1:]), reverse=True)
+    return len(scores) >= m and max(nodes[n][2] for n in grow) < scores[m - 1]
 
 
 def _depth(nodes: list[tuple], n: int) -> int:

@@ -47,9 +47,18 @@ class EagleHead(nn.Module):
         # [K] token ids of the draft vocabulary (None: all; a None buffer is not saved)
         self.register_buffer("vocab", None if draft_vocab is None else torch.arange(draft_vocab))
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (the linears may hold int8 weights: ``quantize_linears``)."""
+        return self.block.attn_norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.block.attn_norm.weight.device
+
     def set_vocab(self, tokens: torch.Tensor) -> None:
         """tokens [K]: the draft vocabulary (distinct ids, most frequent first)."""
-        self.vocab = tokens.to(device=self.fc.weight.device, dtype=torch.long).clone()
+        self.vocab = tokens.to(device=self.device, dtype=torch.long).clone()
 
     def lm_rows(self, lm_head: nn.Linear) -> torch.Tensor:
         """The LM head's rows that the draft reads: [K or vocab, hidden]."""
@@ -65,9 +74,8 @@ class EagleHead(nn.Module):
         return self.block(x, cos, sin, mask, cache)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        p = self.fc.weight
         cfg = self.config
-        return KVCache(1, batch, cfg.num_kv_heads, cfg.head_dim, max_len, p.dtype, p.device)
+        return KVCache(1, batch, cfg.num_kv_heads, cfg.head_dim, max_len, self.dtype, self.device)
 
     def save(self, out_dir: str | Path, meta: dict) -> None:
         """eagle.safetensors (bf16) + eagle.json, written atomically."""
