@@ -52,6 +52,33 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
     assert (out / "speedup.png").stat().st_size > 1000 and (out / "tau_step_time.png").stat().st_size > 1000
 
 
+def test_bench_tree_nodes_sets_fixed_trees_only(tmp_path, llama_dir):
+    """--tree-nodes N: medusa and eagle verify N nodes a step (one budget to compare drafters
+    at); a method whose cost model sizes its tree keeps doing so; N out of range exits 2."""
+    from paradec.models import load_model
+    from paradec.models.eagle import EagleHead
+
+    torch.manual_seed(0)
+    save_heads(Heads(MedusaHeads(64, 2), EarlyHead(64, 1e-6), 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1]],
+                                                                   "tree_nodes": 8}), tmp_path / "heads")
+    EagleHead(load_model(llama_dir).config).save(tmp_path / "eagle", {})
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\n\nThe quick brown fox\n")
+    base = [sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--heads", str(tmp_path / "heads"),
+            "--eagle", str(tmp_path / "eagle"), "--prompts", str(prompts), "--max-new-tokens", "12", "--dtype", "fp32"]
+    proc = subprocess.run(base + ["--methods", "ar,medusa,eagle,eagle+propd", "--tree-nodes", "3",
+                                  "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    nodes = {r["method"]: r["nodes_per_step"] for r in result["summary"] if r["category"] == "all"}
+    assert nodes["eagle"] == 4 and 1 < nodes["medusa"] <= 4  # 3 drafted nodes + the root (heads' own size: 8)
+    assert result["config"]["tree_nodes"] == 3
+    bad = subprocess.run(base + ["--methods", "medusa", "--tree-nodes", "0", "--out", str(tmp_path / "bad")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "tree" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_prompt_formats(tmp_path):
     plain = tmp_path / "p.txt"
     plain.write_text("first prompt\n\nsecond prompt\n")

@@ -24,6 +24,7 @@ from paradec.bench.peers import HFPeer, LlamaCppPeer
 from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import machine, markdown_table, write_json
 from paradec.draft.oracle import OracleDrafter
+from paradec.config import MAX_TREE_NODES
 from paradec.errors import ParadecError
 from paradec.models.adapter import is_adapter, read_adapter
 from paradec.models.gguf import resolve_model
@@ -67,6 +68,12 @@ def _own_loop(name: str) -> bool:
     return name not in PEERS and methods.get(name).decode is not None
 
 
+def _fixed_tree(name: str) -> bool:
+    """Whether method ``name`` verifies a tree of ``tree_nodes`` (Medusa's, EAGLE's; not the cost model's)."""
+    m = methods.get(name)
+    return bool({"heads", "eagle"} & set(m.needs)) and m.decode is None and not m.options.get("dynamic")
+
+
 def method_needs(name: str) -> set[str]:
     name = split_method(name)[0]
     if name in PEERS:
@@ -97,6 +104,7 @@ class BenchConfig:
     chat: bool = True  # question.jsonl turns through the model's chat template (when it has one)
     first_turn: bool = False  # a conversation's first turn only (MT-bench: no second-turn prompts)
     expansion: tuple[int, ...] | None = None  # specinfer's tree (None: SpecConfig's default)
+    tree_nodes: int | None = None  # fixed-size trees (medusa, eagle) verify this many nodes (None: each method's own)
     oracle_depth: int = 8
     exact: bool = True  # shape-invariant decode numerics (paradec.load's exact)
     quant: str = "none"  # weight-only quantization of paradec's linears (paradec.load's quant)
@@ -114,6 +122,8 @@ class BenchConfig:
             raise ParadecError("llamacpp runs a GGUF file; pass model=FILE.gguf")
         if self.batch_size < 1 or self.repeats < 1 or self.max_new_tokens < 1:
             raise ParadecError("batch_size=, repeats= and max_new_tokens= must be >= 1")
+        if self.tree_nodes is not None and not 1 <= self.tree_nodes <= MAX_TREE_NODES:
+            raise ParadecError(f"tree_nodes= must be in [1, {MAX_TREE_NODES}], got {self.tree_nodes}")
         for m in self.methods:
             needs = method_needs(m)
             if "drafts" in needs and not self.drafts:
@@ -174,6 +184,8 @@ class Runners:
             opts = {}
             if self.cfg.expansion is not None and "drafts" in method_needs(method):
                 opts["expansion"] = self.cfg.expansion
+            if self.cfg.tree_nodes is not None and _fixed_tree(base):
+                opts["tree_nodes"] = self.cfg.tree_nodes
             out = engine.generate(batch, method=base, **opts, **self.options())
             if _own_loop(method):  # its own text (ASPD: markup is overhead, not output)
                 return [engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]

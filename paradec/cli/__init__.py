@@ -14,7 +14,8 @@ from paradec import methods
 from paradec.cli.common import Parser, add_model_args, flag_message, model_and_drafters, writable_dir
 from paradec.cli.serve import add_serve_parsers, cmd_bench_serve, cmd_serve
 from paradec.cli.train import add_train_parser, cmd_train
-from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig, SamplingConfig, SpecConfig
+from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig,
+                            SamplingConfig, SpecConfig)
 from paradec.errors import ParadecError
 from paradec.models.quant import QUANTS
 
@@ -61,8 +62,8 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--acceptor", choices=ACCEPTORS, **quiet,
                    help=f"sampling acceptance (default {d.acceptor}; typical is LOSSY: medusa's typical acceptance)")
     p.add_argument("--tree-nodes", type=int, **quiet,
-                   help=f"medusa: static tree size (default: the heads' own); eagle: nodes verified (default "
-                        f"{DEFAULT_TREE_NODES})")
+                   help=f"medusa: static tree size (default: the heads' own, else {DEFAULT_TREE_NODES}); eagle: nodes "
+                        f"verified (default {EAGLE_TREE_NODES})")
     p.add_argument("--eagle-topk", type=int, **quiet,
                    help=f"eagle: children per expanded node and nodes expanded per depth (default {d.eagle_topk})")
     p.add_argument("--eagle-depth", type=int, **quiet, help=f"eagle: depth of the drafted tree (default {d.eagle_depth})")
@@ -148,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
     b.add_argument("--expansion", type=_int_list, default=None,
                    help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)")
+    b.add_argument("--tree-nodes", type=int, default=None,
+                   help="fixed-size trees (medusa, eagle) verify this many nodes: compare drafters at one budget "
+                        "(default: each method's own)")
     b.add_argument("--first-turn", action="store_true",
                    help="conversations: the first turn only (MT-bench without its second-turn prompts)")
     b.add_argument("--no-chat", action="store_true",
@@ -250,7 +254,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
                       temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
                       seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat, first_turn=args.first_turn,
                       expansion=tuple(args.expansion) if args.expansion else None, exact=not args.no_exact,
-                      quant=args.quant, quant_head=args.quant_head, threads=args.threads)
+                      tree_nodes=args.tree_nodes, quant=args.quant, quant_head=args.quant_head, threads=args.threads)
     result = run_bench(cfg)
     print(write_outputs(result, args.out))
 
