@@ -161,8 +161,9 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
         train += [conv[: cfg.max_len] for conv in chat_conversations(target.tokenizer.hf, list(cfg.answers), questions)
                   if len(conv) > 3]
     cache = run_dir / "eagle_features.pt"
-    f_train, l_train = cached_features(target.model, train, cache)
-    f_held, l_held = cached_features(target.model, held, cache)
+    feats, labels = cached_features(target.model, train + held, cache)  # one load and save of the store
+    n_train = len(train)
+    f_train, l_train, f_held, l_held = feats[:n_train], labels[:n_train], feats[n_train:], labels[n_train:]
 
     torch.manual_seed(cfg.seed)
     model = target.model.float()  # the frozen embedding and LM head in fp32 (autocast runs bf16)
@@ -183,13 +184,18 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     step, elapsed = 0, 0.0
     run_key = [cfg.draft_vocab, len(train), total, cfg.init]  # a resumed run must be this run
     st = torch.load(state_path, weights_only=False) if state_path.exists() else None
-    if st is not None and st.get("run_key") != run_key and st["step"] < st["run_key"][2]:
+    finished = st is not None and st.get("run_key") is not None and st["step"] >= st["run_key"][2]
+    if st is not None and st.get("run_key") != run_key and not finished:
         raise ParadecError(f"{state_path} holds an unfinished run with other data, epochs or draft vocabulary; rerun "
                            "that one to finish it, or pass a new --run-dir (or delete that file to start over)")
     if st is not None and st.get("run_key") == run_key:  # resume; a finished other run's state is replaced
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
+
+    def save_state(seconds: float) -> None:
+        save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "run_key": run_key,
+                     "elapsed": seconds}, state_path)
 
     @torch.no_grad()
     def heldout() -> dict:
@@ -229,12 +235,10 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
         bar.update(1)
         bar.set_postfix(loss=rec["loss"], top1=rec["top1"])
         if step % cfg.save_every == 0:
-            save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "run_key": run_key,
-                         "elapsed": elapsed + time.perf_counter() - t0}, state_path)
+            save_state(elapsed + time.perf_counter() - t0)
     bar.close()
     elapsed += time.perf_counter() - t0
-    save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "run_key": run_key,
-                 "elapsed": elapsed}, state_path)
+    save_state(elapsed)
     summary = {"steps": step, "total_steps": total, "done": step >= total, "train_sequences": len(train),
                "train_sequences_target": own, "draft_vocab": None if head.vocab is None else len(head.vocab),
                "heldout_label_coverage": round(coverage, 4),
