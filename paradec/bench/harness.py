@@ -22,9 +22,9 @@ from paradec import methods
 from paradec.engine import DTYPES, load
 from paradec.bench.peers import HFPeer, LlamaCppPeer
 from paradec.bench.prompts import Prompt, load_prompts
-from paradec.bench.report import machine, markdown_table, write_json
-from paradec.draft.oracle import OracleDrafter
+from paradec.bench.report import bench_plots, machine, markdown_table, write_json
 from paradec.config import MAX_TREE_NODES
+from paradec.draft.oracle import OracleDrafter
 from paradec.errors import ParadecError
 from paradec.models.adapter import is_adapter, read_adapter
 from paradec.models.gguf import resolve_model
@@ -362,45 +362,5 @@ def write_outputs(result: dict, out_dir: str | Path) -> str:
         table += "\n\nPer category:\n\n" + markdown_table(cats, columns)
     write_json(result, out_dir / "results.json")
     (out_dir / "results.md").write_text(table + "\n")
-    _plots(result, out_dir)
+    bench_plots(result, out_dir)
     return table
-
-
-def _plots(result: dict, out_dir: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # plots are optional: pip install paradec[bench]
-        return
-    summary = result["summary"]
-    cats = sorted({r["category"] for r in summary})
-    methods = list(dict.fromkeys(r["method"] for r in summary))
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * len(methods) / 3), 4))
-    width = 0.8 / len(methods)
-    for i, m in enumerate(methods):
-        vals = [next((r["speedup_vs_ar"] or 0 for r in summary if r["method"] == m and r["category"] == c), 0)
-                for c in cats]
-        ax.bar([j + i * width for j in range(len(cats))], vals, width, label=m)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20)
-    ax.set_ylabel("speedup vs ar (mean per-prompt ratio)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "speedup.png", dpi=110)
-    plt.close(fig)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
-    for m in methods:
-        recs = [r for r in result["records"] if r["method"] == m and r.get("nodes_per_step") is not None]
-        if recs:
-            a1.scatter([r["nodes_per_step"] for r in recs], [r["tau"] for r in recs], label=m, s=14)
-            a2.scatter([r["nodes_per_step"] for r in recs], [r["ms_per_step"] for r in recs], label=m, s=14)
-    a1.set_xlabel("tree nodes verified per step")
-    a1.set_ylabel("tau (tokens per target pass)")
-    a2.set_xlabel("tree nodes verified per step")
-    a2.set_ylabel("ms per step")
-    a1.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "tau_step_time.png", dpi=110)
-    plt.close(fig)
