@@ -79,6 +79,33 @@ def test_bench_tree_nodes_sets_fixed_trees_only(tmp_path, llama_dir):
     assert not (tmp_path / "bad").exists()
 
 
+def test_bench_resumes_after_the_last_finished_group(tmp_path, llama_dir):
+    """An interrupted run leaves OUT/partial.json; the same command keeps its finished groups
+    (not re-timed) and runs the rest; a checkpoint of another configuration is refused (exit 2)
+    and left as it was."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\n\nThe quick brown fox\n\nclass Stack:\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--methods", "ar,pld",
+           "--prompts", str(prompts), "--max-new-tokens", "8", "--dtype", "fp32", "--out", str(out)]
+    assert subprocess.run(cmd, capture_output=True, text=True, timeout=300).returncode == 0
+    full = json.loads((out / "results.json").read_text())
+    assert not (out / "partial.json").exists() and len(full["records"]) == 6
+    first = [dict(r, wall_s=999.0) for r in full["records"] if r["prompt_id"] == full["records"][0]["prompt_id"]]
+    (out / "partial.json").write_text(json.dumps({"config": full["config"], "groups_done": 1, "records": first}))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    resumed = json.loads((out / "results.json").read_text())
+    assert [r["prompt_id"] for r in resumed["records"]] == [r["prompt_id"] for r in full["records"]]
+    assert [r["wall_s"] == 999.0 for r in resumed["records"]] == [True, True, False, False, False, False]
+    assert all(r["identical_to_ar"] for r in resumed["records"]) and not (out / "partial.json").exists()
+    other = json.dumps({"config": {**full["config"], "max_new_tokens": 9}, "groups_done": 1, "records": first})
+    (out / "partial.json").write_text(other)
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "partial.json" in bad.stderr
+    assert (out / "partial.json").read_text() == other
+
+
 def test_prompt_formats(tmp_path):
     plain = tmp_path / "p.txt"
     plain.write_text("first prompt\n\nsecond prompt\n")

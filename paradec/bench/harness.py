@@ -5,10 +5,15 @@ order rotates from prompt to prompt), not run in blocks; each (prompt, method) i
 ``repeats`` times and the median kept; every method generates the same number of new tokens
 (EOS ignored unless asked). Speedups follow Spec-Bench: the mean over prompts of the per-prompt
 throughput ratio.
+
+A long run resumes: after each prompt group the records so far go to ``OUT/partial.json``; the
+same command picks up after the last finished group (ratios are per prompt, so a group timed in
+another sitting compares like with like), and results.json replaces the partial file at the end.
 """
 
 from __future__ import annotations
 
+import json
 import resource
 import statistics
 import time
@@ -204,6 +209,9 @@ def _peak_mb() -> float:
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     prompts = load_prompts(cfg.prompts, cfg.limit, cfg.per_category)
+    config = {k: _portable(v) for k, v in cfg.__dict__.items()}
+    partial = Path(cfg.out) / PARTIAL
+    records, done = resume_records(partial, config)
     runners = Runners(cfg)
     methods = list(cfg.methods)
     if cfg.batch_size > 1 and any(m in ("hf-assisted", "hf-pld") for m in methods):
@@ -222,9 +230,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     encoded = [flat[i: i + cfg.batch_size] for i in range(0, len(flat), cfg.batch_size)]
     for m in methods:  # warm-up, excluded
         runners.run(m, [encoded[0][0]], [[0] * cfg.max_new_tokens])
-    records = []
-    bar = tqdm(total=len(groups) * len(methods) * cfg.repeats, desc="bench", disable=not progress)
+    bar = tqdm(total=len(groups) * len(methods) * cfg.repeats, initial=done * len(methods) * cfg.repeats,
+               desc="bench", disable=not progress)
     for gi, (group, batch) in enumerate(zip(groups, encoded)):
+        if gi < done:
+            continue
         references = {}
         needed = any(_lossless(m) for m in methods)  # ASPD's models decode their own text: no `ar` to match
         if cfg.temperature == 0 and needed:  # `ar`'s tokens per weight format: the oracle's knowledge and the identity check
@@ -253,11 +263,31 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
                     records[-1]["parses"] = parses(tok.decode(toks))
                 if runners.base is not None and (m == "ar" or not _lossless(m)):  # ... and vs the base model
                     records[-1]["nll_base"] = nll(runners.base.model, ids, toks)
+        write_json({"config": config, "groups_done": gi + 1, "records": records}, partial)
     bar.close()
     summary = summarize(records, methods)
-    return {"config": {k: _portable(v) for k, v in cfg.__dict__.items()}, "machine": machine(),
-            "peak_rss_mb": round(_peak_mb(), 1), "skipped_too_long": skipped, "records": records,
-            "summary": summary}
+    return {"config": config, "machine": machine(), "peak_rss_mb": round(_peak_mb(), 1), "skipped_too_long": skipped,
+            "records": records, "summary": summary}
+
+
+PARTIAL = "partial.json"  # an unfinished run's records, in its out dir
+
+
+def resume_records(path: Path, config: dict) -> tuple[list[dict], int]:
+    """(records, prompt groups done) of the unfinished run at ``path``; ([], 0) if there is none.
+    An unfinished run of another configuration is refused rather than mixed in or overwritten."""
+    if not path.exists():
+        return [], 0
+    try:
+        state = json.loads(path.read_text())
+        same = json.dumps(state["config"], sort_keys=True) == json.dumps(config, sort_keys=True)
+        records, done = state["records"], int(state["groups_done"])
+    except (ValueError, KeyError, TypeError):
+        raise ParadecError(f"{path} is not a paradec bench checkpoint; delete it or pass another --out") from None
+    if not same:
+        raise ParadecError(f"{path} holds an unfinished bench of another configuration; rerun that command to "
+                           f"finish it, or delete the file or pass another --out")
+    return records, done
 
 
 def _portable(value):
@@ -363,4 +393,5 @@ def write_outputs(result: dict, out_dir: str | Path) -> str:
     write_json(result, out_dir / "results.json")
     (out_dir / "results.md").write_text(table + "\n")
     bench_plots(result, out_dir)
+    (out_dir / PARTIAL).unlink(missing_ok=True)
     return table
