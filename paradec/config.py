@@ -189,6 +189,9 @@ DEFAULT_TREE_NODES = 16
 # 17-row one ~1.5, and the top 8 by draft confidence hold most of what the tree gets accepted (SmolLM2,
 # Spec-Bench: m = 8 1.18x `ar`, m = 16 1.06x; benchmarks/README.md). EAGLE-2 uses 60 on a GPU.
 EAGLE_TREE_NODES = 8
+# eagle+ngram: a prompt-lookup match of at least this many suffix tokens replaces the EAGLE tree for
+# the step (its chain is free to draft; the head catches up on the committed pairs at its next step)
+EAGLE_LOOKUP_MIN_NGRAM = 2
 
 
 def expansion_nodes(expansion: tuple[int, ...]) -> int:
@@ -205,7 +208,7 @@ class SpecConfig:
     """Token-tree drafting and verification (SpecInfer, prompt lookup)."""
 
     expansion: tuple[int, ...] = (1, 1, 3, 1, 1, 1, 1, 1)  # SSM children per level
-    with_ngram: bool = False  # merge prompt lookup into the SSM tree
+    with_ngram: bool = False  # prompt lookup too: merged into the SSM tree; instead of EAGLE's on a long match
     max_ngram: int = 3  # longest suffix prompt lookup matches
     num_draft: int | None = None  # prompt-lookup tokens per branch (None: PLD_DRAFT_TOKENS for the weight format)
     ngram_branches: int = 1  # distinct prompt-lookup continuations

@@ -258,7 +258,7 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
     when quantized). Every method is then lossless against that quantized model. Draft models
     get the same quantization.
 
-    ``eagle``: an EAGLE draft head for this model (methods ``eagle``, ``eagle+propd``).
+    ``eagle``: an EAGLE draft head for this model (methods ``eagle``, ``eagle+propd``, ``eagle+ngram``).
     ``threads``: torch's CPU threads (default: torch's own choice, the physical cores).
     ``warmup``: run a few tiny passes (an `ar` step and a verified tree) so the first request does
     not pay for kernel set-up.

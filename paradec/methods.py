@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
-from paradec.config import ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig
+from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_LOOKUP_MIN_NGRAM, EAGLE_TREE_NODES, PLD_DRAFT_TOKENS,
+                            GenerationConfig)
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
 from paradec.errors import ParadecError
@@ -166,8 +167,12 @@ def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
         key = ("eagle", id(target.eagle))
         cost = target.policies.setdefault(key, EagleCostModel())
     nodes = spec.tree_nodes if spec.tree_nodes is not None else EAGLE_TREE_NODES
+    lookup = None
+    if spec.with_ngram:
+        draft = spec.num_draft or PLD_DRAFT_TOKENS[target.quant]
+        lookup = NgramDrafter(max(spec.max_ngram, EAGLE_LOOKUP_MIN_NGRAM), draft, min_ngram=EAGLE_LOOKUP_MIN_NGRAM)
     return EagleDrafter(target.eagle, target.model.embed, target.model.lm_head, gen.sampling, spec.eagle_topk,
-                        spec.eagle_depth, nodes, cost)
+                        spec.eagle_depth, nodes, cost, lookup)
 
 
 def _aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:
@@ -208,6 +213,8 @@ for _m in (
            "are verified", drafter=_eagle, needs=("eagle",)),
     Method("eagle+propd", "EAGLE-2's dynamic tree, its size chosen each step by ProPD's online cost model",
            drafter=_eagle, needs=("eagle",), options={"dynamic": True}),
+    Method("eagle+ngram", "EAGLE-2, or prompt lookup's chain on a suffix match of 2+ tokens (no head passes)",
+           drafter=_eagle, needs=("eagle",), options={"with_ngram": True}),
     # an ASPD model's own output (fine-tuned with branch tokens), not the base model's: not lossless
     Method("aspd", "ASPD: hybrid serial/parallel decoding of an ASPD model's branches", decode=_aspd,
            stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False),

@@ -60,7 +60,7 @@ def heads(engine, tmp_path_factory):
 
 
 @pytest.mark.parametrize("which", ["random", "trained", "subset"])
-@pytest.mark.parametrize("method", ["eagle", "eagle+propd"])
+@pytest.mark.parametrize("method", ["eagle", "eagle+propd", "eagle+ngram"])
 def test_greedy_equals_ar_batch_1_and_3(engine, heads, which, method):
     from paradec.models.quant import Int8Linear
 
@@ -97,6 +97,13 @@ def test_sampling_matches_target_joint_and_top_k_children_fail(engine, heads):
     finally:
         EagleDrafter._children = orig
     assert bad > bound, (bad, bound)
+
+
+def test_eagle_ngram_samples_exactly(engine, heads):
+    """eagle+ngram's trees (a lookup chain alone, or merged into the EAGLE tree) keep MSS exact."""
+    engine.load_eagle(heads["trained"])
+    tv, bound, _, _ = two_token_joint_tv(engine, method="eagle+ngram")
+    assert tv < bound
 
 
 def first_proposals(engine, nodes: int) -> tuple[EagleDrafter, list]:
@@ -184,6 +191,34 @@ def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
         fresh.begin([tokens], 256, engine.model.norm(h))
     again = fresh.propose([tokens], [None])[0]
     assert live.tree == again.tree
+
+
+def test_head_catches_up_after_lookup_steps(engine, heads):
+    """eagle+ngram: steps drafted by prompt lookup alone leave the committed pairs pending; the
+    head's next pass over them leaves it where a fresh drafter on the committed text is."""
+    from paradec.draft.ngram import NgramDrafter
+
+    engine.load_eagle(heads["trained"])
+    gen = engine.config(method="eagle+ngram", max_new_tokens=40, ignore_eos=True)
+    prompt = engine.tokenizer.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n")
+    sched = Scheduler(engine, 1, 256)
+    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling,
+                           lookup=NgramDrafter(3, 8, min_ngram=2))
+    group = sched.admit(engine._rows([prompt], gen), gen, drafter)
+    ran = []
+    while len(ran) < 20 and not (True in ran and ran[-1] is False):
+        list(sched.step())
+        ran.append(drafter.head_ran)
+    assert True in ran and ran[-1] is False  # both kinds of step; the last left pairs pending
+    tokens = list(group.rows[0].tokens)
+    drafter.lookup = None  # the head's own tree now, over the pairs it has not seen
+    live = drafter.propose([tokens], [None])[0]
+    fresh = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
+    with torch.inference_mode():
+        cache = engine.model.new_cache(1, 256)
+        h = prefill(engine.model, [Row(tokens, len(tokens), None, None)], cache)
+        fresh.begin([tokens], 256, engine.model.norm(h))
+    assert live.tree == fresh.propose([tokens], [None])[0].tree
 
 
 def test_every_proposal_is_a_tree_ranked_by_confidence(engine, heads):

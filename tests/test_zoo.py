@@ -151,7 +151,7 @@ def test_default_models_eagle_head_is_lossless_and_accepts():
     msgs = [[{"role": "user", "content": "Give me three tips for sleeping well."}],
             [{"role": "user", "content": "What is the capital of France?"}]]
     ar = engine.generate(msgs, max_new_tokens=32)
-    for method in ("eagle", "eagle+propd"):
+    for method in ("eagle", "eagle+propd", "eagle+ngram"):
         out = engine.generate(msgs, method=method, max_new_tokens=32)
         assert [g.token_ids for g in out] == [g.token_ids for g in ar]
     assert engine.generate(msgs[0], method="eagle", max_new_tokens=32).stats.tau > 1.0  # it does accept drafts

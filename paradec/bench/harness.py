@@ -94,7 +94,7 @@ class BenchConfig:
     out: str
     drafts: tuple[str, ...] = ()
     heads: str | None = None
-    eagle: str | None = None  # EAGLE draft head (eagle, eagle+propd)
+    eagle: str | None = None  # EAGLE draft head (eagle, eagle+propd, eagle+ngram)
     twin: str | None = None  # the Seq twin of an ASPD model (seq-twin; NLL reference)
     limit: int | None = None
     per_category: int | None = None

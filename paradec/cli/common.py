@@ -74,7 +74,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", action="append", default=[], metavar="PATH",
                    help="draft model (SSM) for specinfer; repeat to merge several")
     p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
-    p.add_argument("--eagle", default=None, metavar="PATH", help="EAGLE draft head for eagle/eagle+propd")
+    p.add_argument("--eagle", default=None, metavar="PATH", help="EAGLE draft head for eagle, eagle+propd, eagle+ngram")
     p.add_argument("--quant", default="none", choices=QUANTS,
                    help="weight-only quantized linears on the CPU: int8 (per channel) or int4 (groups of 32; a GGUF "
                         "Q4_1 file maps to it as it is); methods are lossless against the quantized model")

@@ -19,6 +19,11 @@ f_{t+1}; the target's LM head turns that into q(x_{t+2}). Per row and step:
    Sampling: every drawn node is verified (dropping drawn children by their values would bias
    multi-step speculative sampling); which nodes grow children may depend on anything known
    before the draw.
+
+``eagle+ngram`` (``lookup``): when prompt lookup finds a suffix match of at least its
+``min_ngram`` tokens in every row, its chain is the step's tree and the head does not run (the
+committed pairs wait in ``pending`` and run as one chain at the head's next step); otherwise a
+row's lookup chain, if any, is merged into its EAGLE tree.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 
 from paradec.config import SamplingConfig
 from paradec.draft.base import DrafterHooks
+from paradec.draft.ngram import NgramDrafter
 from paradec.models.eagle import EagleHead
 from paradec.policy.dynamic import SIZES, LatencyModel
 from paradec.sampling import probs
@@ -83,9 +89,10 @@ class EagleCostModel:
 class EagleDrafter(DrafterHooks):
     def __init__(self, head: EagleHead, embed: torch.nn.Embedding, lm_head: torch.nn.Linear,
                  sampling: SamplingConfig, topk: int = 4, depth: int = 5, nodes: int = 16,
-                 cost: EagleCostModel | None = None) -> None:
+                 cost: EagleCostModel | None = None, lookup: NgramDrafter | None = None) -> None:
         self.head, self.embed, self.lm_head, self.sampling = head, embed, lm_head, sampling
-        self.depth, self.nodes, self.cost = depth, nodes, cost
+        self.depth, self.nodes, self.cost, self.lookup = depth, nodes, cost, lookup
+        self.head_ran = True  # whether this step's pending pairs went through the head
         # sampling verifies every drawn node: keep the tree within the verifier's limit
         self.topk = topk if sampling.greedy else min(topk, 2)
         self.device = head.device
@@ -100,7 +107,8 @@ class EagleDrafter(DrafterHooks):
     @property
     def max_nodes(self) -> int:
         drawn = self.topk + (self.depth - 1) * self.topk * self.topk
-        return 1 + (min(drawn, max(SIZES) if self.cost else self.nodes) if self.sampling.greedy else drawn)
+        chain = self.lookup.max_nodes if self.lookup is not None else 0
+        return 1 + chain + (min(drawn, max(SIZES) if self.cost else self.nodes) if self.sampling.greedy else drawn)
 
     # ---- the head's context ------------------------------------------------------------------
     def begin(self, prompts: list[list[int]], max_len: int, features: torch.Tensor | None = None) -> None:
@@ -153,6 +161,11 @@ class EagleDrafter(DrafterHooks):
         batch = len(sequences)
         for b in range(batch):
             self.cache.drop_scratch(b)
+        chains = [self.lookup.propose(seq) for seq in sequences] if self.lookup is not None else None
+        self.head_ran = not chains or not all(len(c.tokens) > 1 for c in chains)
+        if not self.head_ran:  # every row has a long lookup match: its chain, no head passes
+            self.candidates = [[] for _ in sequences]
+            return [merge(seq[-1], [c]) for seq, c in zip(sequences, chains)]
         with torch.inference_mode():
             rows, width, out = self._chains(self.pending)
             # per row: nodes (parent node, token, log confidence, q); node 0 = the root
@@ -191,7 +204,7 @@ class EagleDrafter(DrafterHooks):
         if self.sampling.greedy:
             confidences = [sorted((math.exp(n[2]) for n in row[1:]), reverse=True) for row in nodes]
             self._m = self.cost.choose(batch, confidences) if self.cost is not None else self.nodes
-        return [self._tree(b, seq[-1], nodes[b]) for b, seq in enumerate(sequences)]
+        return [self._tree(b, seq[-1], nodes[b], chains[b] if chains else None) for b, seq in enumerate(sequences)]
 
     def _children(self, logits: torch.Tensor, generators) -> list[list[tuple[int, int, float, torch.Tensor | None]]]:
         """logits [batch, frontier, K] (K: the draft vocabulary, or the whole one) -> per row,
@@ -216,8 +229,9 @@ class EagleDrafter(DrafterHooks):
                         for k in ks])
         return out
 
-    def _tree(self, b: int, root: int, nodes: list[tuple]) -> Proposal:
-        """Row b's verified tree: greedy, the top-m nodes by confidence; sampling, all of them."""
+    def _tree(self, b: int, root: int, nodes: list[tuple], chain: DraftTree | None = None) -> Proposal:
+        """Row b's verified tree: greedy, the top-m nodes by confidence; sampling, all of them;
+        a prompt-lookup ``chain`` merged in."""
         order = sorted(range(1, len(nodes)), key=lambda n: (-nodes[n][2], _depth(nodes, n), n))
         paths = {}
         for n in range(1, len(nodes)):
@@ -236,16 +250,20 @@ class EagleDrafter(DrafterHooks):
             draft.parents.append(where[parent])
             draft.q.append(q)
             where[n] = len(draft.tokens) - 1
-        return merge(root, [draft])
+        return merge(root, [draft] if chain is None else [draft, chain])
 
     # ---- after verification -----------------------------------------------------------------
     def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None:
         """Keep the pending pairs' K/V (true features); the accepted tokens and the bonus, each
         paired with the target's feature before it (``hidden`` [len(accepted) + 1, hidden]),
-        are the next step's pending pairs."""
-        self.cache.commit(row, list(range(len(self.pending[row]))))
+        are the next step's pending pairs (after this step's, if the head did not run)."""
         tokens = accepted + [bonus]
-        self.pending[row] = [(hidden[i].to(self.head.dtype), tok) for i, tok in enumerate(tokens)]
+        pairs = [(hidden[i].to(self.head.dtype), tok) for i, tok in enumerate(tokens)]
+        if not self.head_ran:
+            self.pending[row] += pairs
+            return
+        self.cache.commit(row, list(range(len(self.pending[row]))))
+        self.pending[row] = pairs
         if self.cost is not None:  # calibrate path confidence -> acceptance on every known outcome
             for path, logc in self.candidates[row]:
                 known = len(path) <= len(tokens) or path[: len(tokens)] != tuple(tokens)
