@@ -3,7 +3,8 @@
     python benchmarks/tables.py benchmarks/results/specbench5_b1 \
         --subset mt-bench=writing,roleplay,reasoning,math,coding,extraction,stem,humanities
 
-Writes RESULTS_DIR/grid.md (speedup vs `ar` per category and method, then tau) and, per
+``--exclude ID,...`` drops prompts (e.g. one whose `ar` run hit a machine stall) from every
+table and says so at the top. Writes RESULTS_DIR/grid.md (speedup vs `ar` per category and method, then tau) and, per
 ``--subset NAME=CATS``, RESULTS_DIR/NAME.md: the run summarized again over those categories with
 `paradec bench`'s columns plus acceptance per depth. Spec-Bench's eight MT-bench categories are
 MT-bench's own questions (both turns, the second after the model's own first answer), so one
@@ -45,15 +46,23 @@ def main() -> None:
     ap.add_argument("results", help="a `paradec bench --out` directory")
     ap.add_argument("--subset", action="append", default=[], metavar="NAME=CAT,CAT,...",
                     help="a table over these categories (repeatable)")
+    ap.add_argument("--exclude", default="", metavar="ID,...", help="prompt ids to leave out of every table")
     args = ap.parse_args()
     out_dir = Path(args.results)
     if not (out_dir / "results.json").exists():
         print(f"error: no results.json in {out_dir}; pass a `paradec bench --out` directory", file=sys.stderr)
         sys.exit(2)
     result = json.loads((out_dir / "results.json").read_text())
-    found = {r["category"] for r in result["records"]}
-    tables = {"grid": "Speedup vs `ar`:\n\n" + grid(result["summary"], "speedup_vs_ar")
-              + "\n\ntau (tokens per target pass):\n\n" + grid(result["summary"], "tau")}
+    excluded = set(filter(None, args.exclude.split(",")))
+    records = [r for r in result["records"] if r["prompt_id"] not in excluded]
+    if excluded - {r["prompt_id"] for r in result["records"]}:
+        print(f"error: --exclude names prompts not in this run: {', '.join(sorted(excluded))}", file=sys.stderr)
+        sys.exit(2)
+    summary = summarize(records, result["config"]["methods"]) if excluded else result["summary"]
+    note = f"(prompts left out: {', '.join(sorted(excluded))})\n\n" if excluded else ""
+    found = {r["category"] for r in records}
+    tables = {"grid": note + "Speedup vs `ar`:\n\n" + grid(summary, "speedup_vs_ar")
+              + "\n\ntau (tokens per target pass):\n\n" + grid(summary, "tau")}
     for spec in args.subset:
         name, _, cats = spec.partition("=")
         wanted = set(filter(None, cats.split(",")))
@@ -61,7 +70,7 @@ def main() -> None:
             print(f"error: --subset {spec!r}: want NAME=CAT,CAT,... with categories of this run "
                   f"({', '.join(sorted(found))})", file=sys.stderr)
             sys.exit(2)
-        tables[name] = subset(result["records"], name, wanted)
+        tables[name] = note + subset(records, name, wanted)
     for name, table in tables.items():
         (out_dir / f"{name}.md").write_text(table + "\n")
         print(f"{name}:\n{table}\n")
