@@ -22,7 +22,7 @@ from paradec.zoo import bundled, companions, default_gguf, zoo_eagle
 
 # the registered methods shown (those whose drafters ship in the zoo); SpecInfer with one SSM
 # and a 4-deep chain, the fastest tree for it here
-SHOWN = ("ar", "specinfer", "specinfer+ngram", "pld", "medusa", "propd", "eagle", "eagle+propd")
+SHOWN = ("ar", "specinfer", "specinfer+ngram", "pld", "medusa", "propd", "eagle", "eagle+propd", "eagle+ngram")
 OPTIONS = {"specinfer": {"expansion": (1, 1, 1, 1)}, "specinfer+ngram": {"expansion": (1, 1, 1, 1)}}
 
 
