@@ -183,14 +183,17 @@ def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
             partial += 0 < len(event.token_ids) - 1 < drafter.depth
     assert partial >= 1  # some step accepted part of the tree
     tokens = list(group.rows[0].tokens)
-    live = drafter.propose([tokens], [None])[0]
+    assert drafter.propose([tokens], [None])[0].tree == fresh_tree(engine, gen, tokens)
+
+
+def fresh_tree(engine, gen, tokens: list[int]):
+    """The first tree of a fresh EAGLE drafter begun on ``tokens`` (the target's features of them)."""
     fresh = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
     with torch.inference_mode():
         cache = engine.model.new_cache(1, 256)
         h = prefill(engine.model, [Row(tokens, len(tokens), None, None)], cache)
         fresh.begin([tokens], 256, engine.model.norm(h))
-    again = fresh.propose([tokens], [None])[0]
-    assert live.tree == again.tree
+    return fresh.propose([tokens], [None])[0].tree
 
 
 def test_head_catches_up_after_lookup_steps(engine, heads):
@@ -212,13 +215,7 @@ def test_head_catches_up_after_lookup_steps(engine, heads):
     assert True in ran and ran[-1] is False  # both kinds of step; the last left pairs pending
     tokens = list(group.rows[0].tokens)
     drafter.lookup = None  # the head's own tree now, over the pairs it has not seen
-    live = drafter.propose([tokens], [None])[0]
-    fresh = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
-    with torch.inference_mode():
-        cache = engine.model.new_cache(1, 256)
-        h = prefill(engine.model, [Row(tokens, len(tokens), None, None)], cache)
-        fresh.begin([tokens], 256, engine.model.norm(h))
-    assert live.tree == fresh.propose([tokens], [None])[0].tree
+    assert drafter.propose([tokens], [None])[0].tree == fresh_tree(engine, gen, tokens)
 
 
 def test_every_proposal_is_a_tree_ranked_by_confidence(engine, heads):
