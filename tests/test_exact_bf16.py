@@ -49,7 +49,8 @@ def test_attention_of_a_query_does_not_depend_on_the_pass():
     for trial in range(50):
         length, width = 30 + 17 * trial, 16
         parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, width)]
-        k = torch.randn(1, 2, length + width, 32, generator=gen).bfloat16()
+        # keys transposed inside a longer buffer, as the cache stores them: [1, kv, head_dim, slots]
+        k_t = torch.randn(1, 2, 32, length + width + 40, generator=gen).bfloat16()[..., :length + width]
         v = torch.randn(1, 2, length + width, 32, generator=gen).bfloat16()
         q = torch.randn(1, 6, width, 32, generator=gen).bfloat16()
         mask = torch.zeros(1, 1, width, length + width, dtype=torch.bool)
@@ -59,14 +60,14 @@ def test_attention_of_a_query_does_not_depend_on_the_pass():
             while node != -1:
                 mask[0, 0, i, length + node] = True
                 node = parents[node]
-        tree = cached_attention(q, k, v, mask)
+        tree = cached_attention(q, k_t, v, mask)
         j = width - 1
         path, node = [], j
         while node != -1:
             path.insert(0, length + node)
             node = parents[node]
         keys = list(range(length)) + path
-        alone = cached_attention(q[:, :, j:j + 1], k[:, :, keys], v[:, :, keys], None)
+        alone = cached_attention(q[:, :, j:j + 1], k_t[..., keys], v[:, :, keys], None)
         assert torch.equal(tree[:, :, j:j + 1], alone), trial
 
 

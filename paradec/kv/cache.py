@@ -1,6 +1,8 @@
 """The preallocated key/value cache: the only code that decides which positions are real.
 
-Layout per layer: keys and values ``[batch, kv_heads, max_len, head_dim]``. Row ``b`` has
+Layout per layer: keys ``[batch, kv_heads, head_dim, max_len]`` (transposed: the score GEMM's
+operand as it is, so a decode step never copies and transposes the whole prefix) and values
+``[batch, kv_heads, max_len, head_dim]``, both in the model's dtype. Row ``b`` has
 ``lengths[b]`` committed slots ``[0, lengths[b])`` followed by ``scratch[b]`` uncommitted
 ones. A forward pass writes the K/V of its n new tokens (tree nodes) after those,
 ``[lengths[b] + scratch[b], ... + n)``. The caller then either commits the accepted nodes (by
@@ -28,9 +30,10 @@ import torch
 class KVCache:
     def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", live: int | None = None) -> None:
-        shape = (num_layers, batch, kv_heads, max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, capacity, kv_heads, max_len, head_dim]
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # same
+        self.keys = torch.zeros((num_layers, batch, kv_heads, head_dim, max_len), dtype=dtype,
+                                device=device)  # [layers, capacity, kv_heads, head_dim, max_len]
+        self.values = torch.zeros((num_layers, batch, kv_heads, max_len, head_dim), dtype=dtype,
+                                  device=device)  # [layers, capacity, kv_heads, max_len, head_dim]
         self.max_len = max_len
         # Committed length per row, kept on the host: every step needs it to build positions and
         # masks, and a device tensor would cost a sync per step.
@@ -60,8 +63,8 @@ class KVCache:
         end, batch = start + n, self.batch
         used = max(self.lengths[end:], default=0)
         if end < batch and used:
-            for store in (self.keys, self.values):
-                store[:, start: batch - n, :, :used] = store[:, end:batch, :, :used].clone()
+            self.keys[:, start: batch - n, ..., :used] = self.keys[:, end:batch, ..., :used].clone()
+            self.values[:, start: batch - n, :, :used] = self.values[:, end:batch, :, :used].clone()
         del self.lengths[start:end], self.scratch[start:end]
 
     @contextmanager
@@ -89,31 +92,32 @@ class KVCache:
 
         By default they go to the next n scratch slots; ``slots`` [batch, n] (scratch indices)
         places them anywhere in the scratch instead (a pass over a pruned subset of a tree).
-        Returns the keys/values to attend over, [batch, kv_heads, span, head_dim]. Which of
-        those slots a query may see is the mask's business (``paradec.tree.pass_tensors``).
+        Returns the keys, transposed, and the values to attend over: [batch, kv_heads, head_dim,
+        span] and [batch, kv_heads, span, head_dim]. Which of those slots a query may see is the
+        mask's business (``paradec.tree.pass_tensors``).
         """
         n, batch = k.shape[2], self.batch
-        ks, vs = self.keys[layer, :batch], self.values[layer, :batch]  # [batch, kv_heads, max_len, head_dim]
+        ks, vs = self.keys[layer, :batch], self.values[layer, :batch]  # keys transposed, as in the store
         if slots is not None:
             end = max(self.lengths) + int(slots.max()) + 1 if slots.numel() else max(self.lengths)
             for b, length in enumerate(self.lengths):
                 idx = slots[b] + length
-                ks[b].index_copy_(1, idx, k[b])
+                ks[b].index_copy_(2, idx, k[b].transpose(-1, -2))
                 vs[b].index_copy_(1, idx, v[b])
-            return ks[:, :, :end], vs[:, :, :end]
+            return ks[..., :end], vs[:, :, :end]
         end = self.span(n)
         if end > self.max_len:
             raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
         starts = self.starts()
         first = starts[0]
         if all(start == first for start in starts):
-            ks[:, :, first:first + n] = k
+            ks[..., first:first + n] = k.transpose(-1, -2)
             vs[:, :, first:first + n] = v
         else:
             for b, start in enumerate(starts):
-                ks[b, :, start:start + n] = k[b]
+                ks[b, ..., start:start + n] = k[b].transpose(-1, -2)
                 vs[b, :, start:start + n] = v[b]
-        return ks[:, :, :end], vs[:, :, :end]
+        return ks[..., :end], vs[:, :, :end]
 
     def keep_scratch(self, n: int) -> None:
         """The n rows each row just wrote stay visible (uncommitted) to the next pass."""
@@ -133,8 +137,8 @@ class KVCache:
         if moved:
             dst = torch.tensor([start + i for i, _ in moved], device=self.keys.device)
             src = torch.tensor([start + node for _, node in moved], device=self.keys.device)
-            for store in (self.keys, self.values):
-                store[:, row, :, dst] = store[:, row, :, src]
+            self.keys[:, row, ..., dst] = self.keys[:, row, ..., src]
+            self.values[:, row, :, dst] = self.values[:, row, :, src]
         self.lengths[row] = start + len(nodes)
         self.scratch[row] = 0
 

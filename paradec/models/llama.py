@@ -86,7 +86,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None, cache: KVCache | None, slots: torch.Tensor | None = None,
                 prefill: bool = False) -> torch.Tensor:
-        # x: [batch, n, hidden]; cos/sin: [batch, n, 1, head_dim]; mask: [batch, 1, n, span] bool;
+        # x: [batch, n, hidden]; cos/sin: [batch, n, 1, head_dim]; mask: [batch, 1, n, span] bool (or its
+        # attention_bias on a cached pass that is not a prefill);
         # slots: [batch, n] scratch slot of each token (None: the next n)
         b, n, _ = x.shape
         heads, kv = self.n_heads, self.n_kv
@@ -97,9 +98,11 @@ class Attention(nn.Module):
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, :, heads + kv:].transpose(1, 2)  # [batch, kv_heads, n, head_dim]
         if cache is not None:
-            k, v = cache.write(self.layer, k, v, slots)  # [batch, kv_heads, span, head_dim]
+            # k_t [batch, kv_heads, head_dim, span] (the cache's transposed keys); v [batch, kv_heads, span, head_dim]
+            k_t, v = cache.write(self.layer, k, v, slots)
+            k = k_t.transpose(-1, -2)
         if cache is not None and not prefill:  # a decode step or a tree, of any width
-            out = cached_attention(q, k, v, mask) if self.exact else fast_cached_attention(q, k, v, mask)
+            out = cached_attention(q, k_t, v, mask) if self.exact else fast_cached_attention(q, k_t, v, mask)
         else:  # training, scoring, prefill: one fused kernel (causal when there is no mask)
             gqa = self.n_kv != self.n_heads
             if gqa and x.device.type == "cpu" and mask is not None:
@@ -112,12 +115,19 @@ class Attention(nn.Module):
         return linear(self.wo, out.transpose(1, 2).reshape(b, n, -1), self.exact)
 
 
-def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attention_bias(mask: torch.Tensor) -> torch.Tensor:
+    """mask [batch, 1, n, span] bool -> the additive fp64 bias the cached attention adds to its
+    scores (0 where visible, -inf elsewhere). Built once per pass, not once per layer."""
+    return torch.zeros(mask.shape, dtype=torch.float64, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def cached_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Attention of a decode / verification pass whose output for a query does not depend on the
     pass's shape, so greedy verification in bf16 picks exactly `ar`'s tokens.
 
-    q [batch, heads, n, head_dim]; k, v [batch, kv_heads, span, head_dim]; mask [batch, 1, n,
-    span] bool (None: every slot visible) -> [batch, heads, n, head_dim] in q's dtype.
+    q [batch, heads, n, head_dim]; k_t [batch, kv_heads, head_dim, span] (keys, transposed, as
+    the cache stores them); v [batch, kv_heads, span, head_dim]; mask [batch, 1, n, span] bool,
+    or its ``attention_bias`` (None: every slot visible) -> [batch, heads, n, head_dim] in q's dtype.
 
     A query sees the same keys in an `ar` step (prefix + path, contiguous, alone) as in a tree
     (prefix + ancestors at scattered slots, among other queries), but the fused kernel and
@@ -131,32 +141,32 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
       the fp64 sum changes the bf16 result with probability ~1e-13 per element).
     """
     b, h, n, d = q.shape
-    kv = k.shape[1]
+    kv = k_t.shape[1]
     rep = h // kv
     rows = rep * n  # heads of one KV group share its keys: [b, kv, rows, d]
     qf = q.float().reshape(b, kv, rows, d)
     if rows < 4:
         qf = torch.cat([qf, qf[:, :, :1].expand(b, kv, 4 - rows, d)], 2)
-    keys_t = k.float().transpose(-1, -2).contiguous()  # [b, kv, d, span]: a plain GEMM operand (2-4x faster here)
-    scores = (qf @ keys_t)[:, :, :rows].double() * (1.0 / math.sqrt(d))  # [b, kv, rows, span]
+    scores = (qf @ k_t.float())[:, :, :rows].double() * (1.0 / math.sqrt(d))  # [b, kv, rows, span]
     if mask is not None:
-        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        bias = mask if mask.is_floating_point() else attention_bias(mask)
         scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None]).view(b, kv, rows, -1)
     out = scores.softmax(-1) @ v.double()  # [b, kv, rows, d]
     return out.view(b, h, n, d).to(q.dtype)
 
 
-def fast_cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def fast_cached_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor,
                           mask: torch.Tensor | None) -> torch.Tensor:
     """``cached_attention`` in plain fp32 (``exact=False``): cheaper at long spans, but its
     rounding depends on the pass's shape, so bf16 verification may leave `ar` at a near tie."""
     b, h, n, d = q.shape
-    kv = k.shape[1]
+    kv = k_t.shape[1]
     rep = h // kv
     qf = q.float().reshape(b, kv, rep * n, d)
-    scores = qf @ k.float().transpose(-1, -2) * (1.0 / math.sqrt(d))  # [b, kv, rep*n, span]
+    scores = qf @ k_t.float() * (1.0 / math.sqrt(d))  # [b, kv, rep*n, span]
     if mask is not None:
-        scores = scores.view(b, kv, rep, n, -1).masked_fill(~mask[:, :, None], float("-inf")).view(b, kv, rep * n, -1)
+        bias = mask if mask.is_floating_point() else attention_bias(mask)
+        scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None].float()).view(b, kv, rep * n, -1)
     return (scores.softmax(-1) @ v.float()).view(b, h, n, d).to(q.dtype)
 
 
@@ -230,6 +240,8 @@ class Transformer(nn.Module):
         if start == 0:
             x = self.embed(x)
         cos, sin = self.rope(positions, x.dtype)
+        if cache is not None and not prefill and mask is not None:
+            mask = attention_bias(mask)  # the cached attention's form, once for every layer
         for block in self.layers[start:stop]:
             x = block(x, cos, sin, mask, cache, slots, prefill)
         return x
