@@ -12,6 +12,7 @@ from torch import nn
 import paradec
 from conftest import PROMPTS
 from paradec.errors import ParadecError
+from paradec.models.eagle import EagleHead
 from paradec.models.quant import Int4Linear, Int8Linear, quantize_linears
 from paradec.testing import make_tokenizer, stdlib_text, write_gguf
 
@@ -85,15 +86,18 @@ def test_q4_1_blocks_are_recovered_as_they_are(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def quant_engines(llama_dir, drafters):
+def quant_engines(llama_dir, drafters, tmp_path_factory):
     draft, heads = drafters
-    return {(q, dt): paradec.load(llama_dir, dtype=dt, drafts=[draft], heads=heads, quant=q)
+    eagle = tmp_path_factory.mktemp("eagle")
+    torch.manual_seed(0)
+    EagleHead(paradec.load(llama_dir).model.config).save(eagle, {})  # a random head: its trees vary
+    return {(q, dt): paradec.load(llama_dir, dtype=dt, drafts=[draft], heads=heads, eagle=eagle, quant=q)
             for q in ("int8", "int4") for dt in ("fp32", "bf16")}
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("method", ["pld", "specinfer", "medusa", "propd"])
+@pytest.mark.parametrize("method", ["pld", "specinfer", "medusa", "propd", "eagle", "eagle+ngram"])
 def test_methods_are_lossless_against_the_quantized_model(quant_engines, quant, dtype, method):
     engine = quant_engines[(quant, dtype)]
     assert isinstance(engine.model.layers[0].mlp.w_down, Int8Linear if quant == "int8" else Int4Linear)

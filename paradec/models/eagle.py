@@ -30,6 +30,7 @@ from paradec.config import ModelConfig
 from paradec.errors import ParadecError
 from paradec.kv import KVCache
 from paradec.models.llama import Block, rope_inv_freq, rope_tables
+from paradec.models.quant import Int4Linear, Int8Linear
 
 EAGLE_JSON = "eagle.json"
 EAGLE_WEIGHTS = "eagle.safetensors"
@@ -60,9 +61,14 @@ class EagleHead(nn.Module):
         """tokens [K]: the draft vocabulary (distinct ids, most frequent first)."""
         self.vocab = tokens.to(device=self.device, dtype=torch.long).clone()
 
-    def lm_rows(self, lm_head: nn.Linear) -> torch.Tensor:
-        """The LM head's rows that the draft reads: [K or vocab, hidden]."""
-        w = lm_head.weight
+    def lm_rows(self, lm_head: nn.Module) -> torch.Tensor:
+        """The LM head's rows that the draft reads: [K or vocab, hidden], in the head's dtype. A
+        quantized head (``--quant``) gives its dequantized rows: the draft's logits read the
+        weights the target's do."""
+        if isinstance(lm_head, (Int8Linear, Int4Linear)):
+            w = lm_head.dequantized().to(self.dtype)
+        else:
+            w = lm_head.weight
         return w if self.vocab is None else w[self.vocab.to(w.device)]
 
     def forward(self, feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, embed: nn.Embedding,
