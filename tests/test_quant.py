@@ -85,6 +85,32 @@ def test_q4_1_blocks_are_recovered_as_they_are(tmp_path):
     assert ((deq - ref).abs() <= tol).all()
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K"])
+def test_other_4_bit_gguf_blocks_keep_their_levels(tmp_path, qtype):
+    """Q4_0 (symmetric, d * (q - 8)) and Q4_K (sub-blocks of 32, d * sc * q - dmin * m) blocks do
+    not span min..max in 15 steps, yet load with quant=int4 onto their own 16 levels: weights equal
+    gguf-py's dequantization up to the bf16 storage of scale and zero; the min/max grid re-rounds
+    most of them by up to half a step."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    tok = make_tokenizer(320, stdlib_text(40_000), special=("<|im_start|>", "<|im_end|>"))
+    path = tmp_path / f"{qtype}.gguf"
+    write_gguf(path, tok, hidden_size=256, intermediate_size=256, quant={"ffn_down": Q[qtype]})
+    down = paradec.load(path, dtype="fp32", quant="int4").model.layers[0].mlp.w_down
+    t = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.0.ffn_down.weight")
+    ref = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+    q, scale, zero = Int4Linear.quantize(ref)
+    exact = ((q.float() - 8) * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1) - ref).abs()
+    assert exact.max() <= 1e-5 * ref.abs().max()  # every block back on its own levels
+    step, offset = scale.repeat_interleave(32, 1), zero.repeat_interleave(32, 1)
+    bf16 = 2 ** -8 * (8 * step + offset.abs()) + 1e-7  # scale and zero each rounded to bf16
+    assert ((down.dequantized() - ref).abs() <= bf16).all()
+    span = ref.reshape(ref.shape[0], -1, 32)
+    minmax = (span.amax(-1) - span.amin(-1)) / 15  # what a min..max grid would use
+    assert (minmax.repeat_interleave(32, 1) < step * 0.999).float().mean() > 0.2  # it would differ
+
+
 @pytest.fixture(scope="module")
 def quant_engines(llama_dir, drafters, tmp_path_factory):
     draft, heads = drafters

@@ -65,11 +65,23 @@ class Int4Linear(nn.Module):
     @staticmethod
     def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """w [out, in] -> q [out, in] int32 in 0..15, scale and zero [out, in / group] fp32
-        (w ~ (q - 8) * scale + zero; a group's min and max are on the grid exactly)."""
+        (w ~ (q - 8) * scale + zero).
+
+        A group whose values already sit on 16 evenly spaced levels keeps them: a dequantized GGUF
+        Q4_0 block (d * (q - 8), symmetric, its top level often unused), Q4_1 block (d * q + m) or
+        Q4_K sub-block (d * sc * q - dmin * m) comes back as its own 4-bit values, the step being
+        the smallest gap between its distinct values. Any other group spans its min..max in 15 steps.
+        """
         out, inp = w.shape
         g = w.float().reshape(out, inp // INT4_GROUP, INT4_GROUP)
         lo, hi = g.amin(-1), g.amax(-1)
         scale = (hi - lo) / 15
+        gaps = g.sort(-1).values.diff(dim=-1)  # [out, groups, group - 1]
+        step = torch.where(gaps > (hi - lo)[..., None] * 1e-5, gaps, torch.inf).amin(-1)
+        levels = (g - lo[..., None]) / step[..., None]
+        on_grid = (step.isfinite() & ((levels - levels.round()).abs() <= 1e-3).all(-1)
+                   & (levels.round().amax(-1) <= 15))
+        scale = torch.where(on_grid, step, scale)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = ((g - lo[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.int32)
         return q.reshape(out, inp), scale, lo + 8 * scale
