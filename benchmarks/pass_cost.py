@@ -22,7 +22,7 @@ import paradec
 from paradec.bench.report import machine, markdown_table
 from paradec.zoo import default_gguf
 
-WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 CONTEXT = 200
 
 

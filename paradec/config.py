@@ -178,11 +178,17 @@ ACCEPTORS = ("mss", "naive", "typical")
 # The most nodes one step may verify: a tree past this costs more than it can accept on any
 # hardware we measured, and its scratch slots are reserved in every row's KV cache.
 MAX_TREE_NODES = 64
-# Prompt-lookup tokens per branch by weight format: a pass verifies them for about the price of an
-# `ar` step (benchmarks/pass_cost.py, 2-core CPU: bf16 passes cost 1.25x an `ar` step at 8 tokens;
-# the packed int8/int4 kernels' cost grows with the rows, 1.2-1.35x at 4, 2x at 8, so 3 drafted
-# tokens + the root). A fixed table, not a measurement at load, so a seed fixes sampled output.
-PLD_DRAFT_TOKENS = {"none": 8, "int8": 3, "int4": 3}
+# Prompt lookup's chain by weight format: (tokens per matched suffix token, most tokens). A longer
+# suffix match is a surer one, so a 1-token match drafts little and a 4-token one the most. A bf16
+# pass verifies 8-16 tokens for about the price of an `ar` step (2-core CPU, benchmarks/pass_cost.py:
+# 1.2x at 8 rows, 1.5x at 16); the packed int8/int4 kernels' cost grows with the rows (1.4x at 4, 2.2x
+# at 8), so there 1 token per matched token, at most 4. Replayed on SmolLM2's own answers to 105
+# Spec-Bench prompts, growing the chain with the match (4 x match length, up to 16) verifies 9 % more
+# tokens per unit of pass cost than a fixed 8 in bf16, and 3-5 % more than a fixed 3 in int4
+# (docs/ARCHITECTURE.md, "Prompt lookup drafts by match length"). A fixed table, not a measurement at
+# load, so a seed fixes sampled output. ``--num-draft N`` drafts exactly N instead. eagle+ngram's
+# lookup chain (on a match of 2+ tokens) follows the same table.
+PLD_DRAFT = {"none": (4, 16), "int8": (1, 4), "int4": (1, 4)}
 # Medusa's static tree size when the heads do not say what they were tuned for
 DEFAULT_TREE_NODES = 16
 # EAGLE-2's verified nodes (its m): on a 2-core CPU in bf16 a 9-row pass costs ~1.2 `ar` steps and a
@@ -209,8 +215,8 @@ class SpecConfig:
 
     expansion: tuple[int, ...] = (1, 1, 3, 1, 1, 1, 1, 1)  # SSM children per level
     with_ngram: bool = False  # prompt lookup too: merged into the SSM tree; instead of EAGLE's on a long match
-    max_ngram: int = 3  # longest suffix prompt lookup matches
-    num_draft: int | None = None  # prompt-lookup tokens per branch (None: PLD_DRAFT_TOKENS for the weight format)
+    max_ngram: int = 4  # longest suffix prompt lookup matches
+    num_draft: int | None = None  # prompt-lookup tokens per branch (None: by match length, PLD_DRAFT)
     ngram_branches: int = 1  # distinct prompt-lookup continuations
     acceptor: str = "mss"  # sampling acceptance: "mss", "naive", or "typical" (lossy; greedy is exact match)
     typical_epsilon: float = 0.09  # typical acceptance: p(x) > min(epsilon, delta * exp(-entropy))
@@ -238,7 +244,7 @@ class SpecConfig:
             raise ParadecError(f"expansion {','.join(map(str, self.expansion))} makes a tree of "
                                f"{expansion_nodes(self.expansion)} nodes per SSM; the limit is {MAX_TREE_NODES}: "
                                "use fewer or narrower levels")
-        draft = 1 if self.num_draft is None else self.num_draft
+        draft = max(most for _, most in PLD_DRAFT.values()) if self.num_draft is None else self.num_draft
         if draft > MAX_TREE_NODES or self.ngram_branches * draft > MAX_TREE_NODES:
             raise ParadecError(f"num_draft x ngram_branches must be <= {MAX_TREE_NODES}")
         if self.max_ngram < 1 or draft < 1 or self.ngram_branches < 1:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
-from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_LOOKUP_MIN_NGRAM, EAGLE_TREE_NODES, PLD_DRAFT_TOKENS,
+from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_LOOKUP_MIN_NGRAM, EAGLE_TREE_NODES, PLD_DRAFT,
                             GenerationConfig)
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
@@ -122,8 +122,14 @@ def _root(target: Target, gen: GenerationConfig) -> Drafter:
     return RootDrafter()
 
 
-def _ngram(gen: GenerationConfig, quant: str) -> NgramDrafter:
-    return NgramDrafter(gen.spec.max_ngram, gen.spec.num_draft or PLD_DRAFT_TOKENS[quant], gen.spec.ngram_branches)
+def _ngram(gen: GenerationConfig, quant: str, min_ngram: int = 1) -> NgramDrafter:
+    """Prompt lookup: its chain grows with the matched suffix (PLD_DRAFT), or ``num_draft`` tokens."""
+    spec = gen.spec
+    max_ngram = max(spec.max_ngram, min_ngram)
+    if spec.num_draft is not None:  # a fixed chain length
+        return NgramDrafter(max_ngram, spec.num_draft, spec.ngram_branches, min_ngram)
+    per_match, most = PLD_DRAFT[quant]
+    return NgramDrafter(max_ngram, most, spec.ngram_branches, min_ngram, per_match=per_match)
 
 
 def _pld(target: Target, gen: GenerationConfig) -> Drafter:
@@ -167,10 +173,7 @@ def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
         key = ("eagle", id(target.eagle))
         cost = target.policies.setdefault(key, EagleCostModel())
     nodes = spec.tree_nodes if spec.tree_nodes is not None else EAGLE_TREE_NODES
-    lookup = None
-    if spec.with_ngram:
-        draft = spec.num_draft or PLD_DRAFT_TOKENS[target.quant]
-        lookup = NgramDrafter(max(spec.max_ngram, EAGLE_LOOKUP_MIN_NGRAM), draft, min_ngram=EAGLE_LOOKUP_MIN_NGRAM)
+    lookup = _ngram(gen, target.quant, EAGLE_LOOKUP_MIN_NGRAM) if spec.with_ngram else None
     return EagleDrafter(target.eagle, target.model.embed, target.model.lm_head, gen.sampling, spec.eagle_topk,
                         spec.eagle_depth, nodes, cost, lookup)
 

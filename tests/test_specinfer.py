@@ -100,6 +100,14 @@ def test_ngram_finds_latest_continuations():
     assert ng.continuations([1, 2, 3]) == []
 
 
+def test_ngram_drafts_further_on_a_longer_match():
+    ng = NgramDrafter(max_ngram=3, num_draft=5, per_match=2)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert ng.continuations(text + [7]) == [[8, 9]]  # 1 matched token: 2 drafted
+    assert ng.continuations(text + [6, 7]) == [[8, 9, 6, 7]]  # 2 matched: 4 drafted
+    assert ng.continuations([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]) == [[4, 5, 6, 7, 8]]  # 3 matched: 6, capped at 5
+
+
 # ---- sampling: distribution tests ---------------------------------------------------------
 
 def _tv(counts: dict, exact: dict) -> float:

@@ -14,7 +14,7 @@ from paradec import methods
 from paradec.cli.common import Parser, add_model_args, flag_message, model_and_drafters, writable_dir
 from paradec.cli.serve import add_serve_parsers, cmd_bench_serve, cmd_serve
 from paradec.cli.train import add_train_parser, cmd_train
-from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_TREE_NODES, PLD_DRAFT_TOKENS, GenerationConfig,
+from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_TREE_NODES, PLD_DRAFT, GenerationConfig,
                             SamplingConfig, SpecConfig)
 from paradec.errors import ParadecError
 from paradec.models.quant import QUANTS
@@ -55,8 +55,9 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
                    help=f"SSM children per tree level (default {','.join(map(str, d.expansion))})")
     p.add_argument("--with-ngram", action="store_true", **quiet, help="specinfer: merge prompt lookup into the tree")
     p.add_argument("--ngram", type=int, **quiet, help=f"prompt lookup: longest suffix to match (default {d.max_ngram})")
-    p.add_argument("--num-draft", type=int, **quiet, help="prompt lookup: tokens per branch (default: "
-                   + ", ".join(f"{n} for {q}" for q, n in PLD_DRAFT_TOKENS.items()) + ")")
+    p.add_argument("--num-draft", type=int, **quiet, help="prompt lookup: exactly this many tokens per branch "
+                   "(default: by the matched suffix's length, " + ", ".join(
+                       f"{per} a matched token up to {most} for {q}" for q, (per, most) in PLD_DRAFT.items()) + ")")
     p.add_argument("--ngram-branches", type=int, **quiet,
                    help=f"prompt lookup: distinct continuations (default {d.ngram_branches})")
     p.add_argument("--acceptor", choices=ACCEPTORS, **quiet,

@@ -2,7 +2,9 @@
 
 Deterministic, so each proposed token is a point-mass draft (q = one-hot) for sampling
 acceptance. Up to ``branches`` distinct continuations (from the most recent matches) form a
-small tree.
+small tree. With ``per_match``, a branch is ``per_match`` tokens per matched suffix token (at
+most ``num_draft``): a longer match is a surer one, so it drafts further; without it, every
+branch is ``num_draft`` tokens.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from paradec.tree.proposal import DraftTree
 
 
 class NgramDrafter:
-    def __init__(self, max_ngram: int = 3, num_draft: int = 8, branches: int = 1, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 3, num_draft: int = 8, branches: int = 1, min_ngram: int = 1,
+                 per_match: int | None = None) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.num_draft, self.branches = num_draft, branches
+        self.num_draft, self.branches, self.per_match = num_draft, branches, per_match
 
     @property
     def max_nodes(self) -> int:
@@ -28,8 +31,9 @@ class NgramDrafter:
             windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # all but the suffix itself
             hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
             found: list[list[int]] = []
+            length = self.num_draft if self.per_match is None else min(self.num_draft, self.per_match * n)
             for start in hits[::-1]:
-                cont = arr[start + n: start + n + self.num_draft].tolist()
+                cont = arr[start + n: start + n + length].tolist()
                 if cont and cont not in found:
                     found.append(cont)
                     if len(found) == self.branches:
