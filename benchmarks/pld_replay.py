@@ -6,8 +6,8 @@ pass cost on the model's own greedy answers, without timing a single decode.
         --pass-cost benchmarks/results/pass_cost/results.json --out benchmarks/results/pld_replay
 
 Greedy prompt lookup commits exactly `ar`'s tokens, and which draft tokens a pass accepts depends
-only on the text, so one `ar` answer per prompt replays every setting exactly (the replay's tau
-equals `paradec bench`'s). A step of w tree rows costs pass_cost(w) `ar` steps (measured,
+only on the text, so one `ar` answer per prompt replays every setting exactly (a prompt's replayed
+tau equals `paradec bench`'s; the table's tau is all tokens over all steps). A step of w tree rows costs pass_cost(w) `ar` steps (measured,
 interpolated); "vs ar" is committed tokens over that cost, per prompt, then averaged (mean, as
 Spec-Bench reports). The `ar` answers are kept in OUT/answers.json and reused.
 """

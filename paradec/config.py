@@ -180,14 +180,14 @@ ACCEPTORS = ("mss", "naive", "typical")
 MAX_TREE_NODES = 64
 # Prompt lookup's chain by weight format: (tokens per matched suffix token, most tokens). A longer
 # suffix match is a surer one, so a 1-token match drafts little and a 4-token one the most. A bf16
-# pass verifies 8-16 tokens for about the price of an `ar` step (2-core CPU, benchmarks/pass_cost.py:
-# 1.2x at 8 rows, 1.5x at 16); the packed int8/int4 kernels' cost grows with the rows (1.4x at 4, 2.2x
-# at 8), so there 1 token per matched token, at most 4. Replayed on SmolLM2's own answers to 105
-# Spec-Bench prompts, growing the chain with the match (4 x match length, up to 16) verifies 9 % more
-# tokens per unit of pass cost than a fixed 8 in bf16, and 3-5 % more than a fixed 3 in int4
-# (docs/ARCHITECTURE.md, "Prompt lookup drafts by match length"). A fixed table, not a measurement at
-# load, so a seed fixes sampled output. ``--num-draft N`` drafts exactly N instead. eagle+ngram's
-# lookup chain (on a match of 2+ tokens) follows the same table.
+# pass verifies up to 8 tokens for about the price of an `ar` step (2-core CPU, benchmarks/pass_cost.py:
+# 1.16x at 8 rows, 1.54x at 16); the packed int8/int4 kernels' cost grows with the rows (1.13-1.25x at
+# 4, 1.7-1.9x at 8), so there 1 token per matched token, at most 4. Replayed on SmolLM2's own answers
+# to 105 Spec-Bench prompts (benchmarks/pld_replay.py), 4 x match length up to 16 commits 9 % more
+# tokens per unit of pass cost than the fixed 8 it replaced in bf16 (2.33x vs 2.13x `ar`), and the
+# same as the fixed 3 it replaced in int4 (1.59x vs 1.58x). A fixed table, not a measurement at load,
+# so a seed fixes sampled output. ``--num-draft N`` drafts exactly N instead. eagle+ngram's lookup
+# chain (on a match of 2+ tokens) follows the same table.
 PLD_DRAFT = {"none": (4, 16), "int8": (1, 4), "int4": (1, 4)}
 # Medusa's static tree size when the heads do not say what they were tuned for
 DEFAULT_TREE_NODES = 16
