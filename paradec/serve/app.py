@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -77,19 +77,132 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+class _Reply:
+    """One response's OpenAI JSON: its id and timestamp, a whole body or stream events."""
+
+    def __init__(self, job: Job, model_name: str, chat: bool, include_usage: bool = False) -> None:
+        self.job, self.model_name, self.chat, self.include_usage = job, model_name, chat, include_usage
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def usage(self) -> dict:
+        prompt, completion = len(self.job.ids), self.job.completion_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def finish(self) -> str:
+        return "length" if self.job.finish_reason == "length" else "stop"
+
+    def body(self, text: str) -> dict:
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": self.finish(),
+                   "logprobs": None} if self.chat else
+                  {"index": 0, "text": text, "finish_reason": self.finish(), "logprobs": None})
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model_name, "choices": [choice], "usage": self.usage()}
+
+    def _chunk(self, choices: list, usage: dict | None) -> str:
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model_name, "choices": choices}
+        if self.include_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    def event(self, delta: str | None, reason: str | None, role: bool = False) -> str:
+        """A stream chunk: a text piece, the final finish_reason, or (chat) the assistant role first."""
+        if self.chat:
+            d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
+            choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
+        return self._chunk([choice], None)
+
+    def usage_event(self) -> str:
+        """The last chunk when the client asked for usage (``stream_options.include_usage``)."""
+        return self._chunk([], self.usage())
+
+
+class _Api:
+    """What the routes share: the worker and its engine, the served model name and methods, the limits."""
+
+    def __init__(self, worker: Worker, model_name: str, default_method: str, max_tokens_limit: int) -> None:
+        self.worker, self.engine, self.model_name = worker, worker.engine, model_name
+        self.default_method, self.max_tokens_limit = default_method, max_tokens_limit
+        try:  # ASPD's methods need a model that writes its markup
+            Specials.from_tokenizer(self.engine.tokenizer.hf)
+            aspd = True
+        except ParadecError:
+            aspd = False
+        self.served = [m for m in methods.names() if methods.get(m).drafter is not None
+                       or (aspd and "aspd_model" in methods.get(m).needs)]
+
+    def submit(self, req: _Request, ids_of: Callable[[], list[int]]) -> tuple[Job, asyncio.Queue]:
+        """Check ``req``, queue its job on the worker; the queue receives its text pieces, then None."""
+        if req.model != self.model_name:
+            raise ApiError(404, f"model {req.model!r} is not served here; use {self.model_name!r}", "model",
+                           "not_found_error")
+        method = req.method or self.default_method
+        if method not in self.served:
+            raise ApiError(400, f"method {method!r} is not served; use one of {', '.join(self.served)}", "method")
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = 16 if max_tokens is None else max_tokens  # OpenAI's completions default
+        if max_tokens > self.max_tokens_limit:
+            raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {self.max_tokens_limit}",
+                           "max_tokens")
+        try:
+            ids = ids_of()
+            gen = self.engine.config(method=method, max_new_tokens=max_tokens, temperature=req.temperature,
+                                     top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stop)
+        except ParadecError as exc:
+            raise ApiError(400, str(exc)) from None
+        loop, out = asyncio.get_running_loop(), asyncio.Queue()
+        job = Job(ids, gen, lambda piece, j: loop.call_soon_threadsafe(out.put_nowait, piece))
+        try:
+            self.worker.submit(job)
+        except QueueFull:
+            raise ApiError(429, "the server is busy (its queue is full); retry later", kind="rate_limit_error",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        return job, out
+
+    async def respond(self, req: _Request, job: Job, out: asyncio.Queue, chat: bool):
+        """The job's whole answer as one JSON body, or (``stream``) server-sent events as it decodes."""
+        reply = _Reply(job, self.model_name, chat, bool((req.stream_options or {}).get("include_usage")))
+        if not req.stream:
+            pieces = []
+            try:
+                while (piece := await out.get()) is not None:
+                    pieces.append(piece)
+            finally:  # a handler cancelled mid-way (the client went away) frees the row too
+                self.worker.cancel(job)
+            if job.error is not None:  # refused at admission (400), or the engine failed / is stopping (500, 503)
+                status = {"cancelled": 503, "error": 400 if job.group is None else 500}[job.finish_reason]
+                raise ApiError(status, job.error, kind="invalid_request_error" if status == 400 else "server_error")
+            return reply.body("".join(pieces))
+        return StreamingResponse(self._events(reply, out), media_type="text/event-stream")
+
+    async def _events(self, reply: _Reply, out: asyncio.Queue):
+        job = reply.job
+        try:
+            if reply.chat:
+                yield reply.event(None, None, role=True)
+            while (piece := await out.get()) is not None:
+                yield reply.event(piece, None)
+            if job.error is not None:
+                yield f"data: {json.dumps({'error': {'message': job.error, 'type': 'server_error'}})}\n\n"
+            else:
+                yield reply.event(None, reply.finish())
+                if reply.include_usage:
+                    yield reply.usage_event()
+            yield "data: [DONE]\n\n"
+        finally:  # the client went away (or we are done): the request leaves at the next step
+            self.worker.cancel(job)
+
+
 def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_key: str | None = None,
                max_tokens_limit: int = 4096, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The FastAPI app serving ``worker``'s engine as ``model_name``; the caller runs the
     worker (``paradec.serve.run`` does both)."""
     app = FastAPI(title="paradec", docs_url=None, redoc_url=None)
+    api = _Api(worker, model_name, default_method, max_tokens_limit)
     engine = worker.engine
-    try:  # ASPD's methods need a model that writes its markup
-        Specials.from_tokenizer(engine.tokenizer.hf)
-        aspd = True
-    except ParadecError:
-        aspd = False
-    served = [m for m in methods.names() if methods.get(m).drafter is not None
-              or (aspd and "aspd_model" in methods.get(m).needs)]
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -135,105 +248,15 @@ def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "paradec"}]}
 
-    def _job(req: _Request, ids_of) -> tuple[Job, asyncio.Queue]:
-        if req.model != model_name:
-            raise ApiError(404, f"model {req.model!r} is not served here; use {model_name!r}", "model",
-                           "not_found_error")
-        method = req.method or default_method
-        if method not in served:
-            raise ApiError(400, f"method {method!r} is not served; use one of {', '.join(served)}", "method")
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = 16 if max_tokens is None else max_tokens  # OpenAI's completions default
-        if max_tokens > max_tokens_limit:
-            raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {max_tokens_limit}",
-                           "max_tokens")
-        try:
-            ids = ids_of()
-            gen = engine.config(method=method, max_new_tokens=max_tokens, temperature=req.temperature,
-                                top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stop)
-        except ParadecError as exc:
-            raise ApiError(400, str(exc)) from None
-        loop, out = asyncio.get_running_loop(), asyncio.Queue()
-        job = Job(ids, gen, lambda piece, j: loop.call_soon_threadsafe(out.put_nowait, piece))
-        try:
-            worker.submit(job)
-        except QueueFull:
-            raise ApiError(429, "the server is busy (its queue is full); retry later", kind="rate_limit_error",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        return job, out
-
-    async def _respond(req: _Request, job: Job, out: asyncio.Queue, chat: bool):
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
-
-        def usage() -> dict:
-            return {"prompt_tokens": len(job.ids), "completion_tokens": job.completion_tokens,
-                    "total_tokens": len(job.ids) + job.completion_tokens}
-
-        def finish() -> str:
-            return "length" if job.finish_reason == "length" else "stop"
-
-        if not req.stream:
-            pieces = []
-            try:
-                while (piece := await out.get()) is not None:
-                    pieces.append(piece)
-            finally:  # a handler cancelled mid-way (the client went away) frees the row too
-                worker.cancel(job)
-            if job.error is not None:  # refused at admission (400), or the engine failed / is stopping (500, 503)
-                status = {"cancelled": 503, "error": 400 if job.group is None else 500}[job.finish_reason]
-                raise ApiError(status, job.error, kind="invalid_request_error" if status == 400 else "server_error")
-            text = "".join(pieces)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish(),
-                       "logprobs": None} if chat else
-                      {"index": 0, "text": text, "finish_reason": finish(), "logprobs": None})
-            return {"id": rid, "object": kind, "created": created, "model": model_name, "choices": [choice],
-                    "usage": usage()}
-
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
-        chunk_kind = "chat.completion.chunk" if chat else "text_completion"
-
-        def event(delta: str | None, reason: str | None, role: bool = False) -> str:
-            if chat:
-                d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
-                choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
-            else:
-                choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
-            body = {"id": rid, "object": chunk_kind, "created": created, "model": model_name, "choices": [choice]}
-            if include_usage:
-                body["usage"] = None
-            return f"data: {json.dumps(body)}\n\n"
-
-        async def events():
-            try:
-                if chat:
-                    yield event(None, None, role=True)
-                while (piece := await out.get()) is not None:
-                    yield event(piece, None)
-                if job.error is not None:
-                    yield f"data: {json.dumps({'error': {'message': job.error, 'type': 'server_error'}})}\n\n"
-                else:
-                    yield event(None, finish())
-                    if include_usage:
-                        body = {"id": rid, "object": chunk_kind, "created": created, "model": model_name,
-                                "choices": [], "usage": usage()}
-                        yield f"data: {json.dumps(body)}\n\n"
-                yield "data: [DONE]\n\n"
-            finally:  # the client went away (or we are done): the request leaves at the next step
-                worker.cancel(job)
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
-        job, out = _job(req, lambda: engine._encode(req.prompt, False))
-        return await _respond(req, job, out, False)
+        job, out = api.submit(req, lambda: engine._encode(req.prompt, False))
+        return await api.respond(req, job, out, False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest):
         messages = [m.model_dump() for m in req.messages]
-        job, out = _job(req, lambda: engine._encode(messages, True))
-        return await _respond(req, job, out, True)
+        job, out = api.submit(req, lambda: engine._encode(messages, True))
+        return await api.respond(req, job, out, True)
 
     return app
