@@ -115,10 +115,11 @@ class Attention(nn.Module):
         return linear(self.wo, out.transpose(1, 2).reshape(b, n, -1), self.exact)
 
 
-def attention_bias(mask: torch.Tensor) -> torch.Tensor:
-    """mask [batch, 1, n, span] bool -> the additive fp64 bias the cached attention adds to its
-    scores (0 where visible, -inf elsewhere). Built once per pass, not once per layer."""
-    return torch.zeros(mask.shape, dtype=torch.float64, device=mask.device).masked_fill_(~mask, float("-inf"))
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """mask [batch, 1, n, span] bool -> the additive bias the cached attention adds to its scores
+    (0 where visible, -inf elsewhere), in the scores' dtype: fp64 for ``cached_attention``, fp32
+    for ``fast_cached_attention``. Built once per pass, not once per layer."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def cached_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -165,8 +166,8 @@ def fast_cached_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor,
     qf = q.float().reshape(b, kv, rep * n, d)
     scores = qf @ k_t.float() * (1.0 / math.sqrt(d))  # [b, kv, rep*n, span]
     if mask is not None:
-        bias = mask if mask.is_floating_point() else attention_bias(mask)
-        scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None].float()).view(b, kv, rep * n, -1)
+        bias = mask if mask.is_floating_point() else attention_bias(mask, torch.float32)
+        scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None]).view(b, kv, rep * n, -1)
     return (scores.softmax(-1) @ v.float()).view(b, h, n, d).to(q.dtype)
 
 
@@ -241,7 +242,8 @@ class Transformer(nn.Module):
             x = self.embed(x)
         cos, sin = self.rope(positions, x.dtype)
         if cache is not None and not prefill and mask is not None:
-            mask = attention_bias(mask)  # the cached attention's form, once for every layer
+            # the cached attention's form, once for every layer
+            mask = attention_bias(mask, torch.float64 if self.exact else torch.float32)
         for block in self.layers[start:stop]:
             x = block(x, cos, sin, mask, cache, slots, prefill)
         return x
