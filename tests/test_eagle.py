@@ -292,9 +292,10 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
             for n in range(30)]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(a) + "\n" for a in more))
     warm = EagleTrainConfig(**{**cfg.__dict__, "answers": (str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")),
-                               "init": str(tmp_path / "head"), "epochs": 1})
+                               "init": str(tmp_path / "head"), "epochs": 1, "ttt_steps": 2})
     summary2 = train_eagle(gguf, tmp_path / "head2", tmp_path / "run", tmp_path / "question.jsonl", warm)
     assert summary2["done"] and summary2["train_sequences"] > summary["train_sequences"]
+    assert len(summary2["heldout_top1_per_step"]) == 2  # the training-time test's second depth is reported
     assert 0 < len(computed) <= summary2["train_sequences"] - summary["train_sequences"]
     assert all("def g" in engine.tokenizer.decode(seq) for seq in computed)  # the new answers only
     warmed = paradec.load(gguf, dtype="fp32", eagle=tmp_path / "head2").eagle
@@ -305,3 +306,34 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     with pytest.raises(ParadecError, match="unfinished run"):
         train_eagle(gguf, tmp_path / "head3", tmp_path / "run3", tmp_path / "question.jsonl",
                     EagleTrainConfig(**{**cfg.__dict__, "draft_vocab": 32}))
+
+
+def test_training_time_test_reads_what_a_deep_draft_node_reads(engine):
+    """EAGLE-3's training-time test: step k's prediction at position t equals the head run as a
+    depth-(k + 1) draft chain at decode time: the true pairs up to t - k, then k pairs each reading
+    the feature the head predicted one position before; and step k never sees its own step's
+    other positions (a per-step causal mask is not the mask)."""
+    from paradec.train.eagle import ttt_mask, ttt_predict
+
+    torch.manual_seed(0)
+    cfg = engine.model.config
+    head = EagleHead(cfg).float().eval()
+    embed = engine.model.embed
+    width, steps = 7, 3
+    f_in = torch.randn(2, width, cfg.hidden_size)
+    x_in = torch.randint(0, cfg.vocab_size, (2, width))
+    with torch.no_grad():
+        pred = ttt_predict(head, embed, f_in, x_in, steps).view(2, steps, width, -1)
+        for k in range(steps):
+            for t in range(k, width):
+                feats, toks = f_in[:, : t - k + 1], x_in[:, : t - k + 1]
+                for _ in range(k):  # one deeper: the next position reads the last prediction
+                    out = head(feats, toks, torch.arange(feats.shape[1]).expand(2, -1), embed)
+                    feats = torch.cat([feats, out[:, -1:]], 1)
+                    toks = x_in[:, : feats.shape[1]]
+                want = head(feats, toks, torch.arange(feats.shape[1]).expand(2, -1), embed)[:, -1]
+                torch.testing.assert_close(pred[:, k, t], want, atol=1e-4, rtol=1e-4)
+    mask = ttt_mask(width, steps)
+    assert torch.equal(mask[:width, :width], torch.ones(width, width, dtype=torch.bool).tril())
+    block_causal = torch.block_diag(*[torch.ones(width, width, dtype=torch.bool).tril()] * steps)
+    assert not torch.equal(mask, block_causal | mask)  # step k sees none of its own step's other positions

@@ -56,6 +56,9 @@ def add_train_parser(sub) -> None:
     te.add_argument("--epochs", type=float, default=3.0)
     te.add_argument("--lr", type=float, default=1e-3)
     te.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
+    te.add_argument("--ttt-steps", type=int, default=1,
+                    help="EAGLE-3's training-time test: also train where the head reads its own predicted features, "
+                         "as draft nodes up to this deep do (1: teacher-forced features only)")
     te.add_argument("--init", default=None, metavar="PATH",
                     help="start from this trained head (its weights and draft vocabulary), e.g. to train on more "
                          "answers")
@@ -156,13 +159,16 @@ def cmd_train(args: argparse.Namespace) -> None:
         for f in args.answers:
             if not Path(f).is_file():
                 raise ParadecError(f"--answers {f}: no such file; pass FastChat model_answer jsonl files")
+        if not 1 <= args.ttt_steps <= 8:
+            raise ParadecError(f"--ttt-steps {args.ttt_steps}: pass 1 .. 8")
         if args.draft_vocab < 0:
             raise ParadecError("--draft-vocab must be >= 0 (0: the whole vocabulary)")
         if args.init is not None and not (Path(args.init) / "eagle.json").is_file():
             raise ParadecError(f"--init {args.init}: no EAGLE head there (eagle.json missing); pass a head directory")
         writable_dir(Path(args.out), "--out")
         cfg = EagleTrainConfig(epochs=args.epochs, lr=args.lr, min_lr=args.lr / 10, minutes=args.minutes,
-                               draft_vocab=args.draft_vocab or None, answers=tuple(args.answers), init=args.init)
+                               draft_vocab=args.draft_vocab or None, answers=tuple(args.answers), init=args.init,
+                               ttt_steps=args.ttt_steps)
         summary = train_eagle(args.target, args.out, args.run_dir, args.questions, cfg)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
     elif args.what == "aspd":

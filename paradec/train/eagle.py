@@ -16,7 +16,9 @@ training text; the head's CE reads only those rows of the LM head, as its drafts
 Loss (EAGLE-1/2): the head reads pairs (f_t, x_{t+1}) under a causal mask, predicts f^_{t+1};
 ``SmoothL1(f^_{t+1}, f_{t+1}) + cls_weight * CE(p_{t+2}, q^_{t+2})`` over every position (the
 prompt's too: the head must read it as context at decode time), where p is the target's
-distribution from its true feature f_{t+1} and q^ the head's, both over the draft vocabulary. AdamW, cosine
+distribution from its true feature f_{t+1} and q^ the head's, both over the draft vocabulary.
+With ``ttt_steps`` > 1 (EAGLE-3's training-time test) the same loss is also taken where the head
+reads its own predicted features, as draft nodes deeper than 1 do at decode time. AdamW, cosine
 schedule, a few epochs; state saved atomically every ``save_every`` steps (rerun to resume).
 Held out: the split's questions; reported: teacher-forced top-1 (the head's first guess given
 true features) and, after training, acceptance per depth of greedy chains drafted by the
@@ -65,6 +67,7 @@ class EagleTrainConfig:
     draft_vocab: int | None = 8192  # None: draft over the whole vocabulary
     answers: tuple[str, ...] = ()  # other models' answers (FastChat model_answer jsonl) to train on too
     init: str | None = None  # start from this trained head (its weights and draft vocabulary)
+    ttt_steps: int = 1  # > 1: EAGLE-3's training-time test over this many draft depths (``_batch_loss``)
 
 
 @torch.inference_mode()
@@ -106,10 +109,53 @@ def draft_vocabulary(labels: list[torch.Tensor], size: int, vocab_size: int) -> 
     return counts.argsort(descending=True, stable=True)[:size]
 
 
+def ttt_mask(width: int, steps: int) -> torch.Tensor:
+    """The training-time-test attention mask over ``steps`` copies of a ``width``-pair sequence,
+    laid out step-major: [steps * width, steps * width] bool. Query (k, t) (step k >= 0, pair t)
+    sees what a depth-(k + 1) draft node at position t sees at decode time: the true pairs up to
+    t - k (the head's cache), then its ancestors (i, t - k + i), i = 1 .. k, each one step
+    deeper (the last of them itself). Step 0 is the plain causal mask."""
+    t = torch.arange(width)
+    mask = torch.zeros(steps, width, steps, width, dtype=torch.bool)
+    for k in range(steps):
+        mask[k, :, 0] = t[None, :] <= t[:, None] - k  # the true pairs in the cache
+        for i in range(1, k + 1):
+            mask[k, :, i] = t[None, :] == t[:, None] - k + i  # the ancestor one step i deep
+        mask[k, t, k, t] = True  # itself (also for t < k, which have no ancestors and no loss)
+    return mask.view(steps * width, steps * width)
+
+
+def ttt_predict(head: EagleHead, embed, f_in: torch.Tensor, x_in: torch.Tensor, steps: int) -> torch.Tensor:
+    """f_in [b, width, hidden] (f_t), x_in [b, width] (x_{t+1}) -> the head's predicted features
+    [b, steps * width, hidden], step-major: step k at position t reads, in place of f_t, step k-1's
+    prediction at t - 1 (detached; zeros at t = 0) and attends by ``ttt_mask``. The steps before
+    the last run without gradients; the last pass recomputes them all with gradients."""
+    b, width, hidden = f_in.shape
+    pos = torch.arange(width).expand(b, width)
+    mask = ttt_mask(width, steps)[None, None] if steps > 1 else None  # [1, 1, steps * width, steps * width]
+    inputs = [f_in]  # per step: the features its pairs read [b, width, hidden]
+    with torch.no_grad():
+        for k in range(1, steps):
+            span = k * width
+            out = head(torch.cat(inputs, 1), x_in.repeat(1, k), pos.repeat(1, k), embed, mask[..., :span, :span])
+            fed = f_in.new_zeros(b, width, hidden)
+            fed[:, 1:] = out[:, span - width: span - 1]  # step k-1's prediction for position t
+            inputs.append(fed)
+    return head(torch.cat(inputs, 1), x_in.repeat(1, steps), pos.repeat(1, steps), embed, mask)
+
+
 def _batch_loss(head: EagleHead, embed, lm_w: torch.Tensor, seqs: list[list[int]], feats: list[torch.Tensor],
-                labels: list[torch.Tensor], cls_weight: float) -> tuple[torch.Tensor, float, int]:
-    """lm_w [K, hidden]: the LM head rows of the draft vocabulary -> (loss, teacher-forced
-    top-1 hits (the head's first guess is the target's greedy token), positions with a label)."""
+                labels: list[torch.Tensor], cls_weight: float, steps: int = 1
+                ) -> tuple[torch.Tensor, list[float], list[int]]:
+    """lm_w [K, hidden]: the LM head rows of the draft vocabulary -> (loss, teacher-forced top-1
+    hits per step (the head's first guess is the target's greedy token), positions per step).
+
+    ``steps`` > 1 is EAGLE-3's training-time test: step k's pair at position t reads the feature
+    the head predicted at step k - 1 for position t (made from position t - 1's input), not the
+    target's, under ``ttt_mask``, as a draft node k + 1 deep does. Every step predicts the same
+    targets f_{t+1} and p(x_{t+2}). The fed-back features are detached: the steps before the last
+    run without gradients, and the last pass (all steps at once, step-major) carries the loss,
+    the mean over steps."""
     width = max(len(s) for s in seqs) - 1
     hidden = feats[0].shape[-1]
     b = len(seqs)
@@ -125,20 +171,26 @@ def _batch_loss(head: EagleHead, embed, lm_w: torch.Tensor, seqs: list[list[int]
         x_in[i, :n] = torch.tensor(s[1:])
         y[i, :n] = lab[1:n + 1].long()
         valid[i, :n] = True
-    pos = torch.arange(width).expand(b, width)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        pred = head(f_in, x_in, pos, embed)  # [b, width, hidden]
-        logits = pred @ lm_w.T  # [b, width, K]
+        pred = ttt_predict(head, embed, f_in, x_in, steps)  # [b, steps * width, hidden]
+        logits = pred @ lm_w.T  # [b, steps * width, K]
     with torch.no_grad():
         p = (f_out[valid] @ lm_w.float().T).softmax(-1)  # [positions, K]: the target's p on the draft vocabulary
-    logits = logits[valid].float()  # [positions, K]
-    reg = F.smooth_l1_loss(pred.float()[valid], f_out[valid])
-    cls = -(p * logits.log_softmax(-1)).sum(-1).mean()
-    guess = logits.argmax(-1)
-    if head.vocab is not None:
-        guess = head.vocab[guess]
-    hits = float((guess == y[valid]).sum())
-    return reg + cls_weight * cls, hits, int(valid.sum())
+    loss, hits, counts = 0.0, [], []
+    for k in range(steps):
+        here = valid.clone()
+        here[:, :k] = False  # no step-k input before position k
+        sel = here[valid]  # [positions]: which of the target rows this step predicts
+        lg = logits[:, k * width: (k + 1) * width][here].float()  # [positions', K]
+        reg = F.smooth_l1_loss(pred[:, k * width: (k + 1) * width].float()[here], f_out[here])
+        cls = -(p[sel] * lg.log_softmax(-1)).sum(-1).mean()
+        loss = loss + (reg + cls_weight * cls) / steps
+        guess = lg.argmax(-1)
+        if head.vocab is not None:
+            guess = head.vocab[guess]
+        hits.append(float((guess == y[here]).sum()))
+        counts.append(int(here.sum()))
+    return loss, hits, counts
 
 
 def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, questions_path: str | Path,
@@ -182,7 +234,7 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     total = max(1, int(cfg.epochs * per_epoch))
     state_path = run_dir / "eagle_state.pt"
     step, elapsed = 0, 0.0
-    run_key = [cfg.draft_vocab, len(train), total, cfg.init]  # a resumed run must be this run
+    run_key = [cfg.draft_vocab, len(train), total, cfg.init] + ([cfg.ttt_steps] if cfg.ttt_steps > 1 else [])  # a resumed run must be this run
     st = torch.load(state_path, weights_only=False) if state_path.exists() else None
     finished = st is not None and st.get("run_key") is not None and st["step"] >= st["run_key"][2]
     if st is not None and st.get("run_key") != run_key and not finished:
@@ -199,14 +251,16 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
 
     @torch.no_grad()
     def heldout() -> dict:
-        hits = n = 0
+        hits, n = np.zeros(cfg.ttt_steps), np.zeros(cfg.ttt_steps)
         losses = []
         for i in range(0, len(held), 8):
             loss, h, k = _batch_loss(head, embed, lm_w, held[i: i + 8], f_held[i: i + 8], l_held[i: i + 8],
-                                     cfg.cls_weight)
+                                     cfg.cls_weight, cfg.ttt_steps)
             losses.append(loss.item())
             hits, n = hits + h, n + k
-        return {"heldout_loss": round(float(np.mean(losses)), 4), "heldout_top1": round(hits / max(1, n), 4)}
+        top1 = [round(float(h / max(1, k)), 4) for h, k in zip(hits, n)]
+        out = {"heldout_loss": round(float(np.mean(losses)), 4), "heldout_top1": top1[0]}
+        return out | ({"heldout_top1_per_step": top1} if cfg.ttt_steps > 1 else {})
 
     t0 = time.perf_counter()
     log = (run_dir / "eagle_log.jsonl").open("a")
@@ -220,13 +274,13 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, total, cfg.lr, cfg.min_lr, cfg.warmup_steps)
         loss, hits, n = _batch_loss(head, embed, lm_w, [train[i] for i in idx], [f_train[i] for i in idx],
-                                    [l_train[i] for i in idx], cfg.cls_weight)
+                                    [l_train[i] for i in idx], cfg.cls_weight, cfg.ttt_steps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        rec = {"step": step, "loss": round(loss.item(), 4), "top1": round(hits / max(1, n), 4),
+        rec = {"step": step, "loss": round(loss.item(), 4), "top1": round(hits[0] / max(1, n[0]), 4),
                "elapsed_s": round(elapsed + time.perf_counter() - t0, 1)}
         if step % per_epoch == 0 or step == total:
             rec.update(heldout())
