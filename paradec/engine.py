@@ -25,6 +25,7 @@ from paradec.models.eagle import EagleHead, load_eagle
 from paradec.models.heads import Heads, load_heads
 from paradec.models.quant import QUANTS, quantize_linears
 from paradec.policy import TreePolicy
+from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
 from paradec.state import Generation, Row, Stats, StepEvent
 from paradec.tokenizer import Tokenizer, load_tokenizer
@@ -53,6 +54,9 @@ class Engine:
         self.eagle: EagleHead | None = None  # EAGLE's draft head (shares this model's embedding and LM head)
         self.quant = "none"  # weight format of the target's linears (``load(quant=...)``)
         self.policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
+        # how far a batch's greedy draft chains are verified (ProPD's cost model over the batch;
+        # None: every chain in full)
+        self.budget: BatchBudget | None = BatchBudget()
 
     def load_heads(self, path: str | Path) -> None:
         """Load Medusa heads (+ the early-pruning head) trained for this target."""
@@ -178,7 +182,7 @@ class Engine:
         """Decode ``rows`` as one group on a scheduler of their own; yields each step's events."""
         drafter = drafter or methods.get(gen.method).drafter(self, gen)
         max_len = max(len(r.tokens) + r.budget for r in rows) + 1  # budgets are capped at the context
-        scheduler = Scheduler(self, len(rows), max_len + drafter.max_nodes)
+        scheduler = Scheduler(self, len(rows), max_len + drafter.max_nodes, self.budget)
         scheduler.admit(rows, gen, drafter)
         while scheduler.groups:
             for _, event in scheduler.step():
@@ -248,7 +252,7 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
          drafts: list[str | Path] = (), heads: str | Path | None = None, eagle: str | Path | None = None,
          exact: bool = True,
          quant: str = "none", quant_head: str | None = None, threads: int | None = None,
-         warmup: bool = True) -> Engine:
+         warmup: bool = True, batch_budget: bool = True) -> Engine:
     """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
     ``specinfer``) into an ``Engine``. ``exact`` (default): decode and verification passes use
     shape-invariant numerics, so every lossless method's greedy tokens equal `ar`'s in bf16 too
@@ -260,6 +264,8 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
 
     ``eagle``: an EAGLE draft head for this model (methods ``eagle``, ``eagle+propd``, ``eagle+ngram``).
     ``threads``: torch's CPU threads (default: torch's own choice, the physical cores).
+    ``batch_budget``: in a batch, cut greedy draft chains to the width ProPD's cost model finds
+    pays (``policy.budget``); False verifies every chain in full.
     ``warmup``: run a few tiny passes (an `ar` step and a verified tree) so the first request does
     not pay for kernel set-up.
 
@@ -289,6 +295,7 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
     quantize_linears(model, quant, quant_head)
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
     engine.quant = quant
+    engine.budget = BatchBudget() if batch_budget else None
     engine.load_drafts(list(drafts))
     if heads is not None:
         engine.load_heads(heads)

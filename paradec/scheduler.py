@@ -1,7 +1,8 @@
 """The decode loop every method shares, as a scheduler of groups of rows on one KV cache.
 
     admit(rows, gen, drafter) -> prefill them alone, into free cache rows
-    step()                    -> every group proposes; ONE target pass verifies every live row's
+    step()                    -> every group proposes (a batch's greedy chains cut to the width
+                                 that pays: ``policy.budget``); ONE target pass verifies every live row's
                                  tree; each group accepts with its own sampling settings; the
                                  accepted K/V are committed; finished groups leave
 
@@ -25,6 +26,7 @@ import torch
 
 from paradec.config import GenerationConfig
 from paradec.draft import Drafter, Proposal
+from paradec.policy.budget import BatchBudget
 from paradec.sampling import greedy
 from paradec.state import Row, StepEvent, Verification
 from paradec.tree import ScratchTree, pass_tensors
@@ -54,10 +56,11 @@ class Scheduler:
 
     ``target``: the engine (model, heads, tokenizer). Not thread-safe: one thread steps it."""
 
-    def __init__(self, target, capacity: int, max_len: int) -> None:
+    def __init__(self, target, capacity: int, max_len: int, budget: BatchBudget | None = None) -> None:
         self.target = target
         self.cache = target.model.new_cache(capacity, max_len, live=0)
         self.groups: list[Group] = []
+        self.budget = budget  # cuts batched greedy chains to the width that pays (``policy.budget``)
 
     @property
     def free_rows(self) -> int:
@@ -98,11 +101,14 @@ class Scheduler:
             for g in self.groups:
                 proposals += g.drafter.propose([r.tokens for r in g.rows], [r.generator for r in g.rows])
             drafted = [len(p.tree) for p in proposals]
+            proposals, chains = self._cut(proposals)
             t_fwd = time.perf_counter()
             ver = self._verify(proposals)
             if ver.logits.device.type == "cuda":
                 torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
             t_fwd = time.perf_counter() - t_fwd
+            if chains is not None:
+                self.budget.observe_pass(len(proposals) * max(len(p.tree) for p in proposals), t_fwd)
             batch = self.cache.batch
             for g in self.groups:
                 span = slice(g.first, g.first + len(g.rows))
@@ -111,6 +117,9 @@ class Scheduler:
                     if row.done:
                         continue
                     committed = self._commit(g, i, ver, verdict)
+                    if chains is not None:
+                        self.budget.observe(g.gen.method, drafted[g.first + i] - 1,
+                                            len(ver.proposals[g.first + i].tree) - 1, len(verdict.nodes) - 1)
                     row.stats.steps += 1
                     row.stats.target_s += t_fwd
                     row.stats.nodes += drafted[g.first + i]
@@ -148,6 +157,19 @@ class Scheduler:
                     later.first -= len(g.rows)
 
     # ---- the pieces of a step ---------------------------------------------------------------
+    def _cut(self, proposals: list[Proposal]) -> tuple[list[Proposal], list | None]:
+        """With a budget, more than one row, every group greedy and every tree a chain: each
+        chain cut to the width the budget chooses. -> (proposals, the rows' (method, proposed
+        length) or None when nothing was decided)."""
+        if (self.budget is None or len(proposals) < 2 or not all(g.gen.sampling.greedy for g in self.groups)
+                or not all(p.tree.parents == tuple(range(-1, len(p.tree) - 1)) for p in proposals)
+                or max(len(p.tree) for p in proposals) == 1):
+            return proposals, None
+        chains = [(g.gen.method, len(p.tree) - 1) for g in self.groups
+                  for p in proposals[g.first: g.first + len(g.rows)]]
+        width = self.budget.choose(chains)
+        return [p if len(p.tree) <= width else p.cut(width) for p in proposals], chains
+
     def _verify(self, proposals: list[Proposal]) -> Verification:
         """One target pass over every row's tree, pruned inside the pass (ProPD) when every group
         prunes with the same top-k and every policy says pruning pays this step; pruning only

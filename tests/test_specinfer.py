@@ -70,6 +70,7 @@ def test_greedy_identical_to_ar(llama_dir, drafts, ar_tokens, case, batch):
 @pytest.mark.parametrize("expansion", [[1, 1, 1], [1, 1, 3, 1, 1, 1, 1, 1], [2, 2]])
 def test_self_draft_accepts_whole_deepest_path(llama_dir, drafts, ar_tokens, expansion):
     engine = engine_with(llama_dir, drafts["self"])
+    engine.budget = None  # every chain verified in full (the batch budget would cut them: tests/test_budget.py)
     out = engine.generate(PROMPTS, max_new_tokens=N_NEW, ignore_eos=True, method="specinfer", expansion=expansion)
     per_step = len(expansion) + 1
     for g, ref in zip(out, ar_tokens):

@@ -31,6 +31,9 @@ def add_serve_parsers(sub) -> None:
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--max-batch", type=int, default=8, help="requests decoding together (KV cache rows)")
+    sv.add_argument("--full-chains", action="store_true",
+                    help="verify every request's draft chain in full; default: cut a batch's chains to the width "
+                         "ProPD's cost model finds pays (one long chain pads every row of the pass)")
     sv.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; more get 429")
     sv.add_argument("--max-tokens-limit", type=int, default=4096, help="the largest max_tokens a request may ask")
     sv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/ routes")
@@ -73,7 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     load_options = dict(model_dir=str(model), dtype=args.dtype, device=args.device, drafts=[str(d) for d in drafts],
                         heads=None if heads is None else str(heads), eagle=None if eagle is None else str(eagle),
                         exact=not args.no_exact, quant=args.quant,
-                        quant_head=args.quant_head, threads=args.threads)
+                        quant_head=args.quant_head, threads=args.threads, batch_budget=not args.full_chains)
     if args.replicas:
         import importlib.util
 

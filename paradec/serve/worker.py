@@ -58,7 +58,7 @@ class Worker:
     def __init__(self, engine, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None) -> None:
         self.engine = engine
         context = engine.model.config.context_length
-        self.scheduler = Scheduler(engine, max_batch, context + 1 + TREE_SCRATCH)
+        self.scheduler = Scheduler(engine, max_batch, context + 1 + TREE_SCRATCH, engine.budget)
         self.waiting: queue.Queue[Job] = queue.Queue(max_queue)
         self.metrics = metrics or Metrics()
         self.jobs: dict[Group, Job] = {}

@@ -37,6 +37,11 @@ class Proposal:
     def root_only(root: int) -> "Proposal":
         return Proposal(TokenTree.root_only(root), [[]])
 
+    def cut(self, nodes: int) -> "Proposal":
+        """The first ``nodes`` nodes (parents come first, so a prefix is a tree) and their draws."""
+        tree = TokenTree(self.tree.tokens[:nodes], self.tree.parents[:nodes])
+        return Proposal(tree, [[d for d in draws if d.child < nodes] for draws in self.draws[:nodes]])
+
 
 def merge(root: int, drafts: list[DraftTree]) -> Proposal:
     """Trie union of ``drafts`` (all rooted at ``root``) in one tree, parents before children.
