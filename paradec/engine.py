@@ -295,7 +295,8 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
     quantize_linears(model, quant, quant_head)
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
     engine.quant = quant
-    engine.budget = BatchBudget() if batch_budget else None
+    if not batch_budget:
+        engine.budget = None  # every chain verified in full
     engine.load_drafts(list(drafts))
     if heads is not None:
         engine.load_heads(heads)

@@ -162,7 +162,7 @@ class Scheduler:
         chain cut to the width the budget chooses. -> (proposals, the rows' (method, proposed
         length) or None when nothing was decided)."""
         if (self.budget is None or len(proposals) < 2 or not all(g.gen.sampling.greedy for g in self.groups)
-                or not all(p.tree.parents == tuple(range(-1, len(p.tree) - 1)) for p in proposals)
+                or not all(p.tree.is_chain for p in proposals)
                 or max(len(p.tree) for p in proposals) == 1):
             return proposals, None
         chains = [(g.gen.method, len(p.tree) - 1) for g in self.groups

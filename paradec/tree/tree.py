@@ -40,6 +40,11 @@ class TokenTree:
         return len(self.tokens)
 
     @property
+    def is_chain(self) -> bool:
+        """Whether every node's parent is the node before it (a root-only tree is one)."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    @property
     def depths(self) -> list[int]:
         """[nodes] distance from the root (root = 0)."""
         out = [0] * len(self.parents)
