@@ -132,7 +132,7 @@ def prose_groups(text: str) -> list[Group]:
     """Lists and sections whose items are long enough and do not refer to one another."""
     lines = text.splitlines(keepends=True)
     offs = _line_offsets(text)
-    blocks: list[tuple[str, str, list[tuple[int, int, str]]]] = []  # (kind, key, [(start, end, body)])
+    blocks: list[tuple[str, str, list[tuple[int, int, str, str]]]] = []  # (kind, key, [(start, end, body, number)])
     i = 0
     while i < len(lines):
         m, h = _ITEM.match(lines[i].rstrip("\n")), _HEADING.match(lines[i].rstrip("\n"))
@@ -157,7 +157,8 @@ def prose_groups(text: str) -> list[Group]:
                         break
                     i += 1
                 body = (mm or hh).group("body" if mm else "title")
-                items.append((start, offs[i], body))
+                number = mm.group("marker") if mm and mm.group("marker")[0].isdigit() else ""
+                items.append((start, offs[i], body, number))
             blocks.append((kind, key, items))
         else:
             i += 1
@@ -165,13 +166,16 @@ def prose_groups(text: str) -> list[Group]:
     for kind, _, items in blocks:
         if not 2 <= len(items) <= MAX_BRANCHES:
             continue
-        texts = [text[s:e] for s, e, _ in items]
+        texts = [text[s:e] for s, e, _, _ in items]
         if any(len(t.strip()) < MIN_BRANCH_CHARS or _REFERS.search(t) for t in texts):
             continue
-        titles = [_title(body) for _, _, body in items]
+        titles = [_title(body) for _, _, body, _ in items]
         if len(set(titles)) != len(titles):
             titles = [f"{t[:7]} {n + 1}" for n, t in enumerate(titles)]
-        groups.append(Group(tuple(Branch(t, s, e) for t, (s, e, _) in zip(titles, items)), kind))
+        # A numbered item's title starts with its number: a branch sees its own title but not its
+        # index among its siblings, so without it every branch wrote "1." (session 9's answers).
+        titles = [f"{number} {t}" if number else t for t, (_, _, _, number) in zip(titles, items)]
+        groups.append(Group(tuple(Branch(t, s, e) for t, (s, e, _, _) in zip(titles, items)), kind))
     return groups
 
 
