@@ -144,9 +144,31 @@ def test_a_repeated_title_is_retried_then_ends_the_plan(aspd_engine):
     assert titles[0] == [x] and len(titles) >= 2 and titles[1][0] != x  # retried with "x" banned
     assert len({tuple(t) for t in titles}) == len(titles)
     _assert_trace_is_training_layout(sp, prompt, new, stats)
-    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 64, frozenset(), record=True,
+    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True,
                              max_branch_tokens=6, title_retries=0)
     assert new[:5] == [sp.title, x, sp.end_title, sp.para, sp.branch] and stats.branches == 1
+    _assert_trace_is_training_layout(sp, prompt, new, stats)
+
+
+def test_a_numbered_title_repeats_its_words_not_its_number(aspd_engine):
+    """Numbered items' titles carry their number ("2. x"), so "2. x" after "1. x" is a repeat:
+    it is rolled back and decoded again with "x" banned right after the number, not at the
+    title's first token (which is the number, and must stay free)."""
+    engine = aspd_engine
+    sp = Specials.from_tokenizer(engine.tokenizer.hf)
+    tok = lambda s: engine.tokenizer.hf(s, add_special_tokens=False).input_ids[-1]
+    x, one, two, dot = tok("x"), tok("1"), tok("2"), tok(".")
+    assert {one, two, dot} <= sp.numbering and x not in sp.numbering
+    assert sp.core([two, dot, x]) == [x] and sp.core([two, dot]) == [dot]  # a title is never empty
+    prompt = engine.tokenizer.encode("def f(a):\n")
+    script = [sp.title, one, dot, x, sp.end_title, sp.title, two, dot, x, sp.end_title, two, dot, x]
+    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True,
+                             max_branch_tokens=6)
+    plan = new[: new.index(sp.para)] if sp.para in new else new
+    titles = [plan[i + 1: plan.index(sp.end_title, i)] for i, t in enumerate(plan) if t == sp.title and sp.end_title in plan[i:]]
+    assert titles[0] == [one, dot, x] and len(titles) >= 2
+    assert titles[1][:2] == [two, dot] and titles[1][2] != x  # the number kept, "x" banned after it
+    assert len({tuple(sp.core(t)) for t in titles}) == len(titles)
     _assert_trace_is_training_layout(sp, prompt, new, stats)
 
 

@@ -61,8 +61,8 @@ def test_spec_equals_aspd_with_a_three_branch_plan(engine):
     sp = Specials.from_tokenizer(engine.tokenizer.hf)
     prompt = engine.tokenizer.encode("Write helpers for the parser.\n")
     model = _Planner(engine.model, _plan(engine, prompt, 5, ["alpha", "beta", "gamma"]))
-    plain, st0 = aspd_decode(model, sp, prompt, 120, frozenset(), max_branch_tokens=24)
-    spec, st1 = aspd_decode(model, sp, prompt, 120, frozenset(), max_branch_tokens=24, record=True, **_spec())
+    plain, st0 = aspd_decode(model, sp, prompt, 160, frozenset(), max_branch_tokens=24)
+    spec, st1 = aspd_decode(model, sp, prompt, 160, frozenset(), max_branch_tokens=24, record=True, **_spec())
     assert st0.groups >= 1 and st0.branches >= 3
     assert spec == plain
     assert st1.accepted > 0 and st1.steps < st0.steps  # the drafts did something
@@ -75,8 +75,8 @@ def test_spec_batch_equals_aspd_solo(engine):
     prompts = [engine.tokenizer.encode(t) for t in ("Write helpers.\n", "def f(a):\n    return a\n\n", "x = 1\n")]
     script = {**_plan(engine, prompts[0], 0, ["a", "bb", "ccc"]), **_plan(engine, prompts[1], 9, ["one", "two", "six"])}
     model = _Planner(engine.model, script)
-    solo = [aspd_decode(model, sp, p, 80, frozenset(), max_branch_tokens=20)[0] for p in prompts]
-    batch = aspd_decode_batch(model, sp, prompts, 80, frozenset(), max_branch_tokens=20, **_spec())
+    solo = [aspd_decode(model, sp, p, 140, frozenset(), max_branch_tokens=20)[0] for p in prompts]
+    batch = aspd_decode_batch(model, sp, prompts, 140, frozenset(), max_branch_tokens=20, **_spec())
     assert [ids for ids, _ in batch] == solo
     assert sum(st.groups for _, st in batch) >= 2 and sum(st.accepted for _, st in batch) > 0
 
@@ -96,7 +96,7 @@ def test_without_the_position_remap_the_trace_breaks(engine):
                 it.extra = e
             return keep
 
-    spec, st = aspd_decode(model, sp, prompt, 120, frozenset(), max_branch_tokens=24, record=True,
+    spec, st = aspd_decode(model, sp, prompt, 160, frozenset(), max_branch_tokens=24, record=True,
                            row_type=partial(Forgetful, draft_tokens=4), extra_slots=extra_slots(4))
     with pytest.raises(AssertionError):
         _assert_trace_is_training_layout(sp, prompt, spec, st)

@@ -92,7 +92,7 @@ def test_bundled_aspd_plans_and_decodes_a_group(tmp_path):
     engine = paradec.load(bundled("aspd", "adapter.json"), dtype="fp32")
     prompt = ('"""Python Character Mapping Codec."""\n\nimport codecs\n\n### Codec APIs\n\n'
               "class Codec(codecs.Codec):\n\n")
-    g = engine.generate(prompt, method="aspd", max_new_tokens=96, ignore_eos=True)
+    g = engine.generate(prompt, method="aspd", max_new_tokens=160, ignore_eos=True)
     assert g.stats.extra["branches"] >= 2 and g.stats.extra["parallel_steps"] < g.stats.extra["parallel_tokens"]
     assert g.text.count("    def ") >= g.stats.extra["branches"] and "<|" not in g.text
     merged = merge_to_hf(bundled("aspd", "adapter.json"), tmp_path / "merged")
@@ -119,8 +119,8 @@ def test_default_models_aspd_adapter_plans_a_list_and_spec_equals_aspd():
     engine = paradec.load(SMOL_ASPD, dtype="bf16")
     assert engine.model.config.vocab_size == 49152 + 6
     msgs = [{"role": "user", "content": "Give me five tips for learning a new language."}]
-    plain = engine.generate(msgs, method="aspd", max_new_tokens=96)
-    spec = engine.generate(msgs, method="aspd+spec", max_new_tokens=96)
+    plain = engine.generate(msgs, method="aspd", max_new_tokens=160)
+    spec = engine.generate(msgs, method="aspd+spec", max_new_tokens=160)
     assert plain.stats.extra["groups"] >= 1 and plain.stats.extra["branches"] >= 2
     assert spec.token_ids == plain.token_ids and "<|" not in plain.text
 

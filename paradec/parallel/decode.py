@@ -63,7 +63,8 @@ class _RowDecoder:
         self.stats = AspdStats()
         self.fed_items: list[_Item] = []
         self.truncate_to: int | None = None  # set when a rolled-back title must leave the cache
-        self.title_bans: set[int] = set()  # first tokens of repeats, banned for the title being decoded
+        self.title_bans: set[int] = set()  # first tokens of repeats, banned for the title being decoded ...
+        self.ban_after: list[int] = []  # ... right after these tokens of it (a numbered title's number)
 
     # ---- what to feed ----------------------------------------------------------------------
     def items(self, length: int) -> list[_Item]:
@@ -157,19 +158,22 @@ class _RowDecoder:
         if not self.parallel:
             budget_left = self.max_new - len(self.new)  # serial: merged branches are in `new`
             allowed = serial_mask(sp, self.history, self.just_merged, self.vocab, budget_left)
-            if self.history[-1] == sp.title and self.title_bans:
+            if self.title_bans and self._title_so_far() == self.ban_after:
                 allowed[list(self.title_bans)] = False
             tok = int(logits[-1].float().masked_fill(~allowed.to(logits.device), float("-inf")).argmax())
             self.just_merged = False
             if tok == sp.end_title:
                 start = _last_index(self.history, sp.title)
-                if self.history[start + 1:] in _titles(self.history, sp):
-                    # Titles are unique. A repeat is rolled back (history and cache); the title is
-                    # decoded again with the repeat's first token banned, up to title_retries
-                    # times; then the plan is taken as complete and the group opens.
+                title = self.history[start + 1:]
+                if sp.core(title) in [sp.core(t) for t in _titles(self.history, sp)]:
+                    # Titles are unique, numbers aside ("4. Reviews" repeats "3. Reviews"). A repeat
+                    # is rolled back (history and cache); the title is decoded again with the
+                    # repeat's first token after its number banned, up to title_retries times;
+                    # then the plan is taken as complete and the group opens.
                     retry = len(self.title_bans) < self.title_retries
                     if retry:
-                        self.title_bans.add(self.history[start + 1])
+                        self.ban_after = sp.number_prefix(title)
+                        self.title_bans.add(title[len(self.ban_after)])
                     keep = start + 1 if retry else start  # keep "<|title|>" to decode it again
                     cut = len(self.history) - keep
                     del self.history[keep:]
@@ -195,6 +199,14 @@ class _RowDecoder:
         for k, i in enumerate(todo):
             if self.branch_tokens[i][-1] != sp.end_branch:  # else its end marker has just entered the cache
                 self.branch_tokens[i].append(self.branch_next(i, out[k]))
+
+    def _title_so_far(self) -> list[int] | None:
+        """The tokens of the title being decoded; None outside a title."""
+        h, sp = self.history, self.sp
+        if sp.title not in h:
+            return None
+        start = _last_index(h, sp.title)
+        return None if any(t in (sp.end_title, sp.para) for t in h[start + 1:]) else h[start + 1:]
 
     def branch_next(self, i: int, logits: torch.Tensor) -> int:
         """Branch ``i``'s next token from ``logits`` [vocab] at its last token: the forced

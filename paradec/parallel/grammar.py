@@ -40,6 +40,25 @@ class Specials:
         return [i for i, t in enumerate(toks) if t and (":" in t or "\u010a" in t or "\n" in t or "<0x0A>" in t)
                 and i not in self.ids]
 
+    @cached_property
+    def numbering(self) -> frozenset[int]:
+        """Tokens made of digits, "." and ")" only: a numbered item's title starts with its
+        number ("3. Reviews"), which does not make it a new title."""
+        toks = self.hf.convert_ids_to_tokens(list(range(len(self.hf))))
+        return frozenset(i for i, t in enumerate(toks) if t and t.replace("\u0120", " ").strip()
+                         and all(c in "0123456789.)" for c in t.replace("\u0120", " ").strip()))
+
+    def number_prefix(self, title: list[int]) -> list[int]:
+        """The leading number tokens of a title ("3", "." of "3. Reviews"); [] when unnumbered."""
+        n = 0
+        while n < len(title) - 1 and title[n] in self.numbering:
+            n += 1
+        return title[:n]
+
+    def core(self, title: list[int]) -> list[int]:
+        """A title without its number: what two titles must not share."""
+        return title[len(self.number_prefix(title)):]
+
     @property
     def ids(self) -> tuple[int, ...]:
         """The six token ids, in format order."""
@@ -56,7 +75,7 @@ class Specials:
 
 MAX_BRANCHES = 16  # titles in one plan
 MAX_TITLE_TOKENS = 16
-MIN_BRANCH_TOKENS = 16  # token budget each planned branch must still have room for
+MIN_BRANCH_TOKENS = 32  # token budget each planned branch must still have room for (a sentence or two)
 
 
 def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
