@@ -158,7 +158,8 @@ class _RowDecoder:
         if not self.parallel:
             budget_left = self.max_new - len(self.new)  # serial: merged branches are in `new`
             allowed = serial_mask(sp, self.history, self.just_merged, self.vocab, budget_left)
-            if self.title_bans and self._title_so_far() == self.ban_after:
+            # bans live only while one title is decoded again (cleared at its end or at <|para|>)
+            if self.title_bans and self.history[_last_index(self.history, sp.title) + 1:] == self.ban_after:
                 allowed[list(self.title_bans)] = False
             tok = int(logits[-1].float().masked_fill(~allowed.to(logits.device), float("-inf")).argmax())
             self.just_merged = False
@@ -199,14 +200,6 @@ class _RowDecoder:
         for k, i in enumerate(todo):
             if self.branch_tokens[i][-1] != sp.end_branch:  # else its end marker has just entered the cache
                 self.branch_tokens[i].append(self.branch_next(i, out[k]))
-
-    def _title_so_far(self) -> list[int] | None:
-        """The tokens of the title being decoded; None outside a title."""
-        h, sp = self.history, self.sp
-        if sp.title not in h:
-            return None
-        start = _last_index(h, sp.title)
-        return None if any(t in (sp.end_title, sp.para) for t in h[start + 1:]) else h[start + 1:]
 
     def branch_next(self, i: int, logits: torch.Tensor) -> int:
         """Branch ``i``'s next token from ``logits`` [vocab] at its last token: the forced

@@ -45,8 +45,9 @@ class Specials:
         """Tokens made of digits, "." and ")" only: a numbered item's title starts with its
         number ("3. Reviews"), which does not make it a new title."""
         toks = self.hf.convert_ids_to_tokens(list(range(len(self.hf))))
-        return frozenset(i for i, t in enumerate(toks) if t and t.replace("\u0120", " ").strip()
-                         and all(c in "0123456789.)" for c in t.replace("\u0120", " ").strip()))
+        # a byte-level BPE space is "\u0120", a SentencePiece one "\u2581"
+        bare = (t.replace("\u0120", " ").replace("\u2581", " ").strip() if t else "" for t in toks)
+        return frozenset(i for i, t in enumerate(bare) if t and all(c in "0123456789.)" for c in t))
 
     def number_prefix(self, title: list[int]) -> list[int]:
         """The leading number tokens of a title ("3", "." of "3. Reviews"); [] when unnumbered."""

@@ -70,8 +70,8 @@ _MARKERS = (TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH)
 
 def well_formed(marked: str) -> bool:
     """An ASPD answer (decoded with its markers) is well-formed when every plan's titles are
-    unique (their numbers aside), every planned branch is there, in plan order, under its title, no title is left
-    without its group, and no marker is left in the text a user reads."""
+    unique (their numbers aside), every planned branch is there, in plan order, under its title,
+    no title is left without its group, and no marker is left in the text a user reads."""
     for m in _GROUP.finditer(marked):
         titles = re.findall(re.escape(TITLE) + r"(.*?)" + re.escape(END_TITLE), m.group(1), re.S)
         branches = re.findall(re.escape(BRANCH) + r"(.*?):", m.group(2), re.S)
