@@ -26,8 +26,8 @@ SHOWN = ("ar", "specinfer", "specinfer+ngram", "pld", "medusa", "propd", "eagle"
 OPTIONS = {"specinfer": {"expansion": (1, 1, 1, 1)}, "specinfer+ngram": {"expansion": (1, 1, 1, 1)}}
 
 
-def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", model: str | Path | None = None, aspd: bool = False,
-             out=sys.stdout, quant: str = "none") -> list[dict]:
+def run_demo(max_new_tokens: int = 96, dtype: str = "auto", model: str | Path | None = None, aspd: bool = False,
+             out=sys.stdout, quant: str = "auto") -> list[dict]:
     model = model if model is not None else default_gguf()
     drafts, heads = companions(model)
     print(f"paradec demo: loading {Path(str(model)).name} (a GGUF file is converted once and cached)", file=out)
@@ -40,8 +40,8 @@ def run_demo(max_new_tokens: int = 96, dtype: str = "bf16", model: str | Path | 
     engine.generate(convs[0], max_new_tokens=4)  # warm-up
     rows = []
     print(f"{len(engine.drafts)} SSM, {'Medusa heads' if engine.heads else 'no heads'}, "
-          f"{'an EAGLE head' if engine.eagle else 'no EAGLE head'}; {dtype}, greedy, "
-          f"up to {max_new_tokens} new tokens per answer\n", file=out)
+          f"{'an EAGLE head' if engine.eagle else 'no EAGLE head'}; greedy, up to {max_new_tokens} new tokens per "
+          f"answer\nformat {engine.format.name} ({engine.format.reason})\n", file=out)
     for p, conv in zip(prompts, convs):
         print("=" * 72 + f"\nuser: {p.text}\nassistant: ", end="", file=out)
         for piece in engine.stream(conv, max_new_tokens=max_new_tokens):

@@ -18,6 +18,7 @@ import torch
 from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
 from paradec import methods
 from paradec.draft import Drafter
+from paradec.cpu import DTYPES, FormatChoice, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.gguf import resolve_model
@@ -30,8 +31,6 @@ from paradec.scheduler import Scheduler
 from paradec.state import Generation, Row, Stats, StepEvent
 from paradec.tokenizer import Tokenizer, load_tokenizer
 
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
-          "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
 
 class Engine:
@@ -54,9 +53,11 @@ class Engine:
         self.eagle: EagleHead | None = None  # EAGLE's draft head (shares this model's embedding and LM head)
         self.quant = "none"  # weight format of the target's linears (``load(quant=...)``)
         self.policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
-        # how far a batch's greedy draft chains are verified (ProPD's cost model over the batch;
-        # None: every chain in full)
+        # how much of each greedy draft tree is verified (ProPD's cost model over the batch;
+        # None: every tree in full)
         self.budget: BatchBudget | None = BatchBudget()
+        self.cost: PassCost | None = None  # the measured pass-cost curve of the format it runs in (``paradec.cpu``)
+        self.format: FormatChoice | None = None  # which format, and why (``load``)
 
     def load_heads(self, path: str | Path) -> None:
         """Load Medusa heads (+ the early-pruning head) trained for this target."""
@@ -248,19 +249,25 @@ def _as_batch(prompts) -> tuple[bool, list]:
     return False, list(prompts)
 
 
-def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str = "cpu",
+def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str = "cpu",
          drafts: list[str | Path] = (), heads: str | Path | None = None, eagle: str | Path | None = None,
          exact: bool = True,
-         quant: str = "none", quant_head: str | None = None, threads: int | None = None,
-         warmup: bool = True, batch_budget: bool = True) -> Engine:
+         quant: str = "auto", quant_head: str | None = None, threads: int | None = None,
+         warmup: bool = True, batch_budget: bool = True, cost: PassCost | None = None) -> Engine:
     """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
     ``specinfer``) into an ``Engine``. ``exact`` (default): decode and verification passes use
     shape-invariant numerics, so every lossless method's greedy tokens equal `ar`'s in bf16 too
     (``Transformer.set_exact``); ``False`` trades that for speed at long contexts.
-    ``quant``: "none", "int8" or "int4" weight-only linears on the CPU (``models.quant``; a GGUF
-    Q4_1 file's blocks map to int4 as they are), the LM head in ``quant_head`` (default: int8
-    when quantized). Every method is then lossless against that quantized model. Draft models
-    get the same quantization.
+    ``dtype`` / ``quant``: "auto" (default) measures this CPU once (``paradec.cpu``: a pass of
+    each weight format the file allows, cached under ``$PARADEC_HOME/profiles``) and takes the
+    format with the cheapest `ar` step; or "bf16" / "fp32", and "none", "int8" or "int4"
+    weight-only linears on the CPU (``models.quant``; a GGUF Q4_1 file's blocks map to int4 as
+    they are), the LM head in ``quant_head`` (default: int8 when quantized). Every method is
+    lossless against the model in the format it runs in. Draft models get the same quantization.
+    A format asked for explicitly that this CPU runs far slower than another is warned about
+    (``ParadecWarning``), with both measured costs.
+    ``cost``: the pass-cost curve every draft policy starts from (default: the chosen format's
+    measured curve; ``PassCost.flat()`` makes every width cost the same, as tests do).
 
     ``eagle``: an EAGLE draft head for this model (methods ``eagle``, ``eagle+propd``, ``eagle+ngram``).
     ``threads``: torch's CPU threads (default: torch's own choice, the physical cores).
@@ -275,28 +282,28 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "bf16", device: str =
         if threads < 1:
             raise ParadecError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ParadecError(f"unknown dtype {dtype!r}; use bf16 or fp32")
-        dtype = DTYPES[dtype]
+    if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
+        raise ParadecError(f"unknown dtype {dtype!r}; use auto, bf16 or fp32")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ParadecError("device=cuda was asked for but no CUDA device is visible; use device=cpu")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ParadecError(f"unknown device {device!r}; use cpu or cuda")
-    if quant not in QUANTS or quant_head not in (None, *QUANTS):
-        raise ParadecError(f"unknown quant {quant!r} / quant_head {quant_head!r}; use one of {', '.join(QUANTS)}")
-    if quant != "none" and not device.startswith("cpu"):
+    if quant not in ("auto", *QUANTS) or quant_head not in (None, *QUANTS):
+        raise ParadecError(f"unknown quant {quant!r} / quant_head {quant_head!r}; use auto or one of "
+                           f"{', '.join(QUANTS)}")
+    if quant not in ("none", "auto") and not device.startswith("cpu"):
         raise ParadecError(f"quant={quant} uses torch's packed CPU kernels; use device=cpu or quant=none")
     if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
         drafts = [drafts]
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
-    model = load_model(model_dir, dtype, device)
+    choice = choose_format(model_dir, dtype, quant, device, exact)
+    model = load_model(model_dir, choice.dtype, device)
     model.set_exact(exact)
-    quantize_linears(model, quant, quant_head)
+    quantize_linears(model, choice.quant, quant_head)
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
-    engine.quant = quant
-    if not batch_budget:
-        engine.budget = None  # every chain verified in full
+    engine.quant, engine.format = choice.quant, choice
+    engine.cost = cost or choice.cost
+    engine.budget = BatchBudget(engine.cost) if batch_budget else None  # None: every tree verified in full
     engine.load_drafts(list(drafts))
     if heads is not None:
         engine.load_heads(heads)

@@ -20,6 +20,7 @@ from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_LOOKUP_MIN_NGRA
                             GenerationConfig)
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
+from paradec.cpu import PassCost
 from paradec.errors import ParadecError
 from paradec.models import Transformer
 from paradec.models.eagle import EagleHead
@@ -40,6 +41,7 @@ class Target(Protocol):
     eagle: EagleHead | None
     policies: dict[tuple, TreePolicy]  # ProPD's online statistics, kept across calls
     quant: str  # the target's weight format (models.quant)
+    cost: PassCost | None  # what a pass of each width costs on this CPU (paradec.cpu), policies' prior
 
 
 @dataclass(frozen=True)
@@ -155,11 +157,11 @@ def _heads(target: Target, gen: GenerationConfig) -> Drafter:
     # request pays for probing tree sizes.
     step_scores = spec.step_scores and static is None
     if spec.deterministic:  # this call's statistics only: the tree depends on the seed's draws alone
-        policy = TreePolicy(prior, static, lower_share=lower, recall=recall)
+        policy = TreePolicy(prior, static, lower_share=lower, recall=recall, curve=target.cost)
     else:
         key = (id(heads), static, lower, spec.prune_topk, step_scores)
         if key not in target.policies:
-            target.policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall)
+            target.policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall, curve=target.cost)
         policy = target.policies[key]
     return HeadDrafter(heads, target.model.lm_head, policy, max_rank=len(prior[0]), step_scores=step_scores)
 
@@ -171,7 +173,7 @@ def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
     cost = None
     if spec.dynamic:
         key = ("eagle", id(target.eagle))
-        cost = target.policies.setdefault(key, EagleCostModel())
+        cost = target.policies.setdefault(key, EagleCostModel(curve=target.cost))
     nodes = spec.tree_nodes if spec.tree_nodes is not None else EAGLE_TREE_NODES
     lookup = _ngram(gen, target.quant, EAGLE_LOOKUP_MIN_NGRAM) if spec.with_ngram else None
     return EagleDrafter(target.eagle, target.model.embed, target.model.lm_head, gen.sampling, spec.eagle_topk,

@@ -1,8 +1,8 @@
 """The decode loop every method shares, as a scheduler of groups of rows on one KV cache.
 
     admit(rows, gen, drafter) -> prefill them alone, into free cache rows
-    step()                    -> every group proposes (a batch's greedy chains cut to the width
-                                 that pays: ``policy.budget``); ONE target pass verifies every live row's
+    step()                    -> every group proposes (greedy trees cut to the width that pays on
+                                 this CPU: ``policy.budget``); ONE target pass verifies every live row's
                                  tree; each group accepts with its own sampling settings; the
                                  accepted K/V are committed; finished groups leave
 
@@ -60,7 +60,7 @@ class Scheduler:
         self.target = target
         self.cache = target.model.new_cache(capacity, max_len, live=0)
         self.groups: list[Group] = []
-        self.budget = budget  # cuts batched greedy chains to the width that pays (``policy.budget``)
+        self.budget = budget  # cuts greedy trees to the width that pays (``policy.budget``)
 
     @property
     def free_rows(self) -> int:
@@ -101,13 +101,13 @@ class Scheduler:
             for g in self.groups:
                 proposals += g.drafter.propose([r.tokens for r in g.rows], [r.generator for r in g.rows])
             drafted = [len(p.tree) for p in proposals]
-            proposals, chains = self._cut(proposals)
+            proposals, trees = self._cut(proposals)
             t_fwd = time.perf_counter()
             ver = self._verify(proposals)
             if ver.logits.device.type == "cuda":
                 torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
             t_fwd = time.perf_counter() - t_fwd
-            if chains is not None:
+            if trees is not None:
                 self.budget.observe_pass(len(proposals) * max(len(p.tree) for p in proposals), t_fwd)
             batch = self.cache.batch
             for g in self.groups:
@@ -117,9 +117,9 @@ class Scheduler:
                     if row.done:
                         continue
                     committed = self._commit(g, i, ver, verdict)
-                    if chains is not None:
+                    if trees is not None and not g.gen.spec.dynamic:
                         self.budget.observe(g.gen.method, drafted[g.first + i] - 1,
-                                            len(ver.proposals[g.first + i].tree) - 1, len(verdict.nodes) - 1)
+                                            len(ver.proposals[g.first + i].tree) - 1, verdict.nodes[1:])
                     row.stats.steps += 1
                     row.stats.target_s += t_fwd
                     row.stats.nodes += drafted[g.first + i]
@@ -158,17 +158,20 @@ class Scheduler:
 
     # ---- the pieces of a step ---------------------------------------------------------------
     def _cut(self, proposals: list[Proposal]) -> tuple[list[Proposal], list | None]:
-        """With a budget, more than one row, every group greedy and every tree a chain: each
-        chain cut to the width the budget chooses. -> (proposals, the rows' (method, proposed
-        length) or None when nothing was decided)."""
-        if (self.budget is None or len(proposals) < 2 or not all(g.gen.sampling.greedy for g in self.groups)
-                or not all(p.tree.is_chain for p in proposals)
+        """With a budget and every group greedy: each row's tree cut to the width the budget
+        chooses for the pass (groups whose drafter sizes its own trees keep them whole). ->
+        (proposals, the rows' (method, proposed nodes) or None when nothing was decided)."""
+        if (self.budget is None or not all(g.gen.sampling.greedy for g in self.groups)
                 or max(len(p.tree) for p in proposals) == 1):
             return proposals, None
-        chains = [(g.gen.method, len(p.tree) - 1) for g in self.groups
-                  for p in proposals[g.first: g.first + len(g.rows)]]
-        width = self.budget.choose(chains)
-        return [p if len(p.tree) <= width else p.cut(width) for p in proposals], chains
+        sized = [b for g in self.groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))]
+        if len(sized) == len(proposals):
+            return proposals, None
+        trees = [(g.gen.method, len(p.tree) - 1) for g in self.groups
+                 for p in proposals[g.first: g.first + len(g.rows)]]
+        cuttable = [t for b, t in enumerate(trees) if b not in sized]
+        width = max([self.budget.choose(cuttable)] + [len(proposals[b].tree) for b in sized])
+        return [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)], trees
 
     def _verify(self, proposals: list[Proposal]) -> Verification:
         """One target pass over every row's tree, pruned inside the pass (ProPD) when every group

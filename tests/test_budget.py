@@ -1,12 +1,14 @@
-"""ProPD's cost model over a batch (``policy.budget``): batched greedy draft chains are cut to the
-width that pays, and the output stays `ar`'s."""
+"""ProPD's cost model over a pass (``policy.budget``): greedy draft trees are cut to the width that
+pays on the measured pass-cost curve, and the output stays `ar`'s."""
 
 from __future__ import annotations
 
 import pytest
 
 import paradec
-from paradec.policy.budget import BatchBudget
+from paradec.cpu import PassCost
+from paradec.policy.budget import EXPLORE_EVERY, BatchBudget
+from paradec.policy.dynamic import CurveLatency
 
 # repetitive prompts: prompt lookup finds long matches, so chains are long and differ by row
 PROMPTS = ["a b c d e f g a b c d e f g a b c", "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n", "def f(x):\n    return x\n"]
@@ -14,7 +16,7 @@ PROMPTS = ["a b c d e f g a b c d e f g a b c", "x = 1\ny = 2\nx = 1\ny = 2\nx =
 
 @pytest.fixture(scope="module")
 def engine(llama_dir):
-    return paradec.load(llama_dir, dtype="fp32")
+    return paradec.load(llama_dir, dtype="fp32", cost=PassCost.flat())
 
 
 class Fixed(BatchBudget):
@@ -45,19 +47,58 @@ def test_cut_chains_keep_ar_output(engine, width):
     assert sum(g.stats.nodes for g in cut) > sum(g.stats.verified for g in cut)
 
 
-def test_the_learned_budget_keeps_ar_output_and_is_not_asked_at_batch_1_or_when_sampling(engine):
+def test_the_budget_is_asked_at_batch_1_but_never_when_sampling(engine):
     engine.budget = Fixed(1)
     try:
         solo = engine.generate(PROMPTS[0], method="pld", max_new_tokens=24, ignore_eos=True)
+        asked = list(engine.budget.asked)
         sampled = engine.generate(PROMPTS, method="pld", max_new_tokens=8, temperature=0.8, seed=0)
-        assert not engine.budget.asked  # one row: the method's own chain; sampling: never cut by value
-        assert solo.stats.verified > solo.stats.steps  # its chains were verified in full
+        assert len(engine.budget.asked) == len(asked)  # sampling: never cut by value
+        assert asked and all(len(trees) == 1 for trees in asked)
+        assert solo.stats.verified == solo.stats.steps  # width 1: the root alone, as `ar`
         assert len(sampled) == len(PROMPTS)
     finally:
-        engine.budget = BatchBudget()
+        engine.budget = BatchBudget(PassCost.flat())
     ar = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)
     pld = engine.generate(PROMPTS, method="pld", max_new_tokens=40, ignore_eos=True)
     assert [g.token_ids for g in pld] == [g.token_ids for g in ar]
+
+
+def test_trees_are_cut_to_a_prefix_and_keep_ar_output(llama_dir, drafters):
+    """SpecInfer's expansion tree (not a chain) cut to its first 1..4 nodes, batch 1 and 3."""
+    draft, _ = drafters
+    eng = paradec.load(llama_dir, dtype="fp32", drafts=[draft], cost=PassCost.flat())
+    ar = eng.generate(PROMPTS, max_new_tokens=24, ignore_eos=True)
+    for width in (2, 4):
+        eng.budget = Fixed(width)
+        out = eng.generate(PROMPTS, method="specinfer", expansion=[2, 2, 1], max_new_tokens=24, ignore_eos=True)
+        solo = eng.generate(PROMPTS[1], method="specinfer", expansion=[2, 2, 1], max_new_tokens=24, ignore_eos=True)
+        assert [g.token_ids for g in out] == [g.token_ids for g in ar] and solo.token_ids == ar[1].token_ids
+        assert all(g.stats.verified <= g.stats.steps * width < g.stats.nodes for g in out)
+
+
+def test_a_steep_curve_falls_back_toward_ar_and_a_flat_one_verifies_every_chain(llama_dir):
+    """Where one more verified position costs an `ar` step, prompt lookup's unsure chains are not
+    verified (only the periodic look past the root); where positions are free, all of them are."""
+    steep = paradec.load(llama_dir, dtype="fp32", cost=PassCost("steep", (1, 2, 4, 8), (0.01, 0.02, 0.04, 0.08)))
+    flat = paradec.load(llama_dir, dtype="fp32", cost=PassCost.flat())
+    ar = steep.generate(PROMPTS[2], max_new_tokens=40, ignore_eos=True)
+    s = steep.generate(PROMPTS[2], method="pld", num_draft=6, max_new_tokens=40, ignore_eos=True)
+    f = flat.generate(PROMPTS[2], method="pld", num_draft=6, max_new_tokens=40, ignore_eos=True)
+    assert s.token_ids == f.token_ids == ar.token_ids
+    assert s.stats.verified - s.stats.steps <= 2 * (s.stats.steps // EXPLORE_EVERY + 1)
+    assert f.stats.verified == f.stats.nodes > f.stats.steps
+
+
+def test_curve_latency_keeps_the_shape_and_learns_the_scale():
+    curve = PassCost("c", (1, 4, 16), (0.010, 0.020, 0.080))
+    lat = CurveLatency(curve)
+    assert lat.predict(4) == pytest.approx(0.020) and lat.predict(10) == pytest.approx(0.050)
+    for _ in range(50):
+        lat.observe(1, 0.030)  # passes run 3x the curve (a longer context, a busier machine)
+    assert lat.predict(16) == pytest.approx(0.240)
+    assert curve.predict(32) == pytest.approx(0.160)  # beyond the last width: the last slope
+    assert PassCost.flat().relative(64) == 1.0
 
 
 def _budget(base_s: float, per_position_s: float) -> BatchBudget:
@@ -68,8 +109,8 @@ def _budget(base_s: float, per_position_s: float) -> BatchBudget:
     for positions in (16, 32, 64, 128):
         budget.observe_pass(positions, base_s + per_position_s * positions)
     for _ in range(200):
-        budget.observe("pld", 12, 12, 12)
-        budget.observe("pld", 2, 2, 0)
+        budget.observe("pld", 12, 12, list(range(1, 13)))
+        budget.observe("pld", 2, 2, [])
     return budget
 
 

@@ -13,14 +13,14 @@ ROOT = Path(paradec.__file__).parent
 LAYERS = [
     {"errors", "config", "zoo"},  # records and locations
     {"sampling", "tokenizer", "state", "kv", "tree"},  # pure functions and typed state
-    {"models", "policy"},  # the runtime; ProPD's cost model
+    {"models", "cpu", "policy"},  # the runtime; what a pass costs on this CPU; ProPD's cost model
     {"draft", "verify", "parallel"},  # proposing, accepting, ASPD's decoder
     {"methods"},  # the method registry: drafter factories and what each method needs
     {"scheduler"},  # the loop: groups of rows on one KV cache
     {"engine"},  # loading, generate/stream
     {"train", "testing"},  # recipes and test fixtures use the engine as users do
     {"bench", "serve"},  # users of the engine: benchmarks, the OpenAI-compatible server
-    {"demo", "chat", "cli", "__init__", "__main__"},  # entry points
+    {"demo", "doctor", "chat", "cli", "__init__", "__main__"},  # entry points
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

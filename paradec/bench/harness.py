@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from paradec import methods
-from paradec.engine import DTYPES, load
+from paradec.engine import load
 from paradec.bench.peers import HFPeer, LlamaCppPeer
 from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import bench_plots, machine, markdown_table, write_json
@@ -102,7 +102,7 @@ class BenchConfig:
     batch_size: int = 1
     temperature: float = 0.0
     repeats: int = 1
-    dtype: str = "bf16"
+    dtype: str = "auto"  # paradec.load's: auto = the format this CPU runs fastest (paradec.cpu)
     device: str = "cpu"
     seed: int = 0
     stop_at_eos: bool = False
@@ -112,14 +112,14 @@ class BenchConfig:
     tree_nodes: int | None = None  # fixed-size trees (medusa, eagle) verify this many nodes (None: each method's own)
     oracle_depth: int = 8
     exact: bool = True  # shape-invariant decode numerics (paradec.load's exact)
-    quant: str = "none"  # weight-only quantization of paradec's linears (paradec.load's quant)
+    quant: str = "auto"  # weight-only quantization of paradec's linears (paradec.load's quant)
     quant_head: str | None = None
     threads: int | None = None  # torch CPU threads (None: torch's default)
 
     def __post_init__(self) -> None:
         known = bench_methods()
         unknown = [m for m in self.methods if split_method(m)[0] not in known or
-                   (split_method(m)[0] in PEERS and "@" in m) or split_method(m)[1] not in QUANTS]
+                   (split_method(m)[0] in PEERS and "@" in m) or split_method(m)[1] not in ("auto", *QUANTS)]
         if unknown:
             raise ParadecError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)} "
                                f"(a registered method may end in @{'|@'.join(QUANTS)})")
@@ -167,7 +167,7 @@ class Runners:
                                          eos=self.engine.tokenizer.eos_ids, **limits)
         self.hf = None
         if any(m in HF for m in cfg.methods):
-            self.hf = HFPeer(model_dir, cfg.drafts[0] if "hf-assisted" in cfg.methods else None, DTYPES[cfg.dtype],
+            self.hf = HFPeer(model_dir, cfg.drafts[0] if "hf-assisted" in cfg.methods else None, self.engine.format.dtype,
                              cfg.device, temperature=cfg.temperature, **limits)
 
     def options(self) -> dict:
@@ -266,7 +266,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         write_json({"config": config, "groups_done": gi + 1, "records": records}, partial)
     bar.close()
     summary = summarize(records, methods)
-    return {"config": config, "machine": machine(), "peak_rss_mb": round(_peak_mb(), 1), "skipped_too_long": skipped,
+    formats = {q: e.format.name for q, e in runners.engines.items()}  # what "auto" resolved to on this CPU
+    return {"config": config, "machine": machine(), "formats": formats, "peak_rss_mb": round(_peak_mb(), 1), "skipped_too_long": skipped,
             "records": records, "summary": summary}
 
 

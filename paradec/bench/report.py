@@ -12,9 +12,12 @@ import torch
 
 
 def machine() -> dict:
+    from paradec.cpu import cpu_info
+
+    cpu = cpu_info()
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine()}
+            "processor": platform.processor() or platform.machine(), "cpu": cpu.kind, "isa": list(cpu.isa)}
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:

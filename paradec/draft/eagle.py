@@ -37,7 +37,8 @@ from paradec.config import SamplingConfig
 from paradec.draft.base import DrafterHooks
 from paradec.draft.ngram import NgramDrafter
 from paradec.models.eagle import EagleHead
-from paradec.policy.dynamic import SIZES, LatencyModel
+from paradec.cpu import PassCost
+from paradec.policy.dynamic import SIZES, CurveLatency, LatencyModel
 from paradec.sampling import probs
 from paradec.tree import ScratchTree, pass_tensors
 from paradec.tree.proposal import DraftTree, Proposal, merge
@@ -50,13 +51,14 @@ class EagleCostModel:
 
     BINS = (0.01, 0.03, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # upper edges of path-confidence bins
 
-    def __init__(self, decay: float = 0.999, prior_weight: float = 2.0) -> None:
+    def __init__(self, decay: float = 0.999, prior_weight: float = 2.0, curve: PassCost | None = None) -> None:
         centres = [(hi + lo) / 2 for lo, hi in zip((0.0, *self.BINS[:-1]), self.BINS)]
         self.decay = decay
         self.hits = [c * prior_weight for c in centres]  # the prior: a calibrated draft
         self.trials = [prior_weight] * len(self.BINS)
-        self.latency = LatencyModel()
-        self.probe = [1, 8, 32, 4, 16, 2]  # sizes tried first, to fit the latency model
+        # the measured pass-cost curve's shape (``paradec.cpu``), or a line fit on probed sizes
+        self.latency = CurveLatency(curve) if curve is not None else LatencyModel()
+        self.probe = [] if curve is not None else [1, 8, 32, 4, 16, 2]
 
     def _bin(self, p: float) -> int:
         return min(bisect.bisect_left(self.BINS, p), len(self.BINS) - 1)

@@ -1,81 +1,93 @@
-"""ProPD's cost model across a running batch: how far every row's draft chain is verified.
+"""ProPD's cost model over a whole pass: how many nodes of every row's draft tree are verified.
 
-A batched verification pass is rectangular: every row is padded to the widest tree, so one row's
-16-token prompt-lookup chain makes all rows pay for 17 positions. At batch 1 a longer chain is
-nearly free on this CPU (16 rows cost 1.5 `ar` steps); at batch 16 the pass is already 16 rows,
-and each extra position adds 16 more. ``BatchBudget`` picks the verified width W (nodes per row,
-the root included) each step to maximize expected committed tokens per second of the pass:
+A verification pass is rectangular: every row is padded to the widest tree, and what one more
+position costs depends on the CPU. On an AVX-512 BF16 core 16 positions cost about 1.5 `ar`
+steps; on an AVX2 core without native bf16, 8 positions in bf16 cost ~3.5 steps, and a
+16-token prompt-lookup chain makes a method slower than `ar`. ``BatchBudget`` picks the verified
+width W (nodes per row, the root included) each step to maximize expected committed tokens per
+second of the pass:
 
     value(W) = sum over rows of (1 + E[accepted | W]) / latency(batch x W)
 
-E[accepted | W] = sum_{d < W} prod_{i <= d} a(P, i), where a(P, i) is the learned chance that a
-chain's i-th token is accepted when its i - 1 before it were, for chains the drafter proposed
-P tokens long (prompt lookup proposes further on a longer match, so P carries its confidence);
-latency is a line in the verified positions, refit on measured passes (``LatencyModel``).
-Chains are cut to W nodes; a prefix of a chain is a chain, and fewer drafted tokens never change
-what greedy verification commits. Only greedy chains are cut: under sampling, which draws are
-kept must not depend on their values.
+E[accepted | W] = sum_{0 < n < W} r(M, S, n): a node on the accepted path adds one token, and
+r(M, S, n) is the learned chance that node n of a tree that method M proposed with S nodes is
+on the accepted path, given it was verified (for a chain, node n is depth n; EAGLE ranks its
+nodes by draft confidence; prompt lookup proposes further on a longer match, so S carries the
+match's confidence). Trees are cut to their first W nodes: parents come before children, so a
+prefix of a tree is a tree, and fewer drafted nodes never change what greedy verification
+commits. latency is the measured pass-cost curve of the CPU and format (``paradec.cpu``), its
+scale refit on measured passes (``CurveLatency``); without a curve, a line refit online.
+
+Only greedy trees are cut (under sampling, which draws are kept must not depend on their values),
+and not the trees of a drafter that sizes its own with a cost model (ProPD's dynamic trees).
+With a curve, W = 1 where drafting does not pay: the method then runs as `ar` does.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from paradec.policy.dynamic import LatencyModel
+from paradec.cpu import PassCost
+from paradec.policy.dynamic import CurveLatency, LatencyModel
 
-PRIOR_ACCEPT = 0.6  # the prior conditional acceptance of a chain token (weight PRIOR_WEIGHT trials)
-PRIOR_WEIGHT = 2.0
+PRIOR_ACCEPT = 0.6  # the prior chance that a chain's node d is accepted is PRIOR_ACCEPT ** d ...
+PRIOR_WEIGHT = 2.0  # ... worth this many observations
+EXPLORE_EVERY = 16  # a budget that verifies nothing past the root tries 2 more nodes this often
 
 
-def length_class(proposed: int) -> int:
-    """Chains of similar proposed length share statistics: 1, 2, 3-4, 5-8, 9-16, 17+."""
+def size_class(proposed: int) -> int:
+    """Trees of similar proposed size share statistics: 1, 2, 3-4, 5-8, 9-16, 17+ nodes past the root."""
     return min(proposed, 2) if proposed <= 2 else (proposed - 1).bit_length() + 1
 
 
 class BatchBudget:
-    def __init__(self, decay: float = 0.995) -> None:
+    def __init__(self, curve: PassCost | None = None, decay: float = 0.995) -> None:
         self.decay = decay
-        self.hits: dict[tuple, float] = defaultdict(float)  # (method, length class, depth) -> accepted
-        self.trials: dict[tuple, float] = defaultdict(float)  # ... -> offered with the parent accepted
-        self.latency = LatencyModel()
-        self.probe = [1, None]  # widths tried first to fit the latency line (None: the widest)
+        self.hits: dict[tuple, float] = defaultdict(float)  # (method, size class, node) -> on the accepted path
+        self.trials: dict[tuple, float] = defaultdict(float)  # ... -> verified
+        self.latency = CurveLatency(curve) if curve is not None else LatencyModel()
+        # without a curve, the widths tried first to fit the latency line (None: the widest)
+        self.probe: list[int | None] = [] if curve is not None else [1, None]
+        self.quiet = 0  # choices in a row that verified the root alone
 
-    def rate(self, method: str, proposed: int, depth: int) -> float:
-        key = (method, length_class(proposed), depth)
-        return (self.hits[key] + PRIOR_ACCEPT * PRIOR_WEIGHT) / (self.trials[key] + PRIOR_WEIGHT)
+    def rate(self, method: str, proposed: int, node: int) -> float:
+        key = (method, size_class(proposed), node)
+        return (self.hits[key] + PRIOR_ACCEPT ** node * PRIOR_WEIGHT) / (self.trials[key] + PRIOR_WEIGHT)
 
     def expected(self, method: str, proposed: int, width: int) -> float:
-        """Committed tokens of a row whose chain of ``proposed`` tokens is cut to ``width`` nodes."""
-        total, reach = 1.0, 1.0
-        for d in range(1, min(proposed, width - 1) + 1):
-            reach *= self.rate(method, proposed, d)
-            total += reach
-        return total
+        """Committed tokens of a row whose tree of ``proposed`` nodes past the root is cut to ``width``."""
+        return 1.0 + sum(self.rate(method, proposed, n) for n in range(1, min(proposed, width - 1) + 1))
 
-    def choose(self, chains: list[tuple[str, int]]) -> int:
-        """chains: per row, (method, proposed chain length) -> the width W (nodes per row)."""
-        widest = 1 + max(p for _, p in chains)
+    def choose(self, trees: list[tuple[str, int]]) -> int:
+        """trees: per row, (method, nodes proposed past the root) -> the width W (nodes per row)."""
+        widest = 1 + max(p for _, p in trees)
         if self.probe:
             w = self.probe.pop(0)
             return widest if w is None else min(w, widest)
-        batch = len(chains)
+        batch = len(trees)
         best, best_w = -1.0, 1
         for w in range(1, widest + 1):
-            value = sum(self.expected(m, p, w) for m, p in chains) / self.latency.predict(batch * w)
-            if value > best:
+            value = sum(self.expected(m, p, w) for m, p in trees) / self.latency.predict(batch * w)
+            if value > best * (1 + 1e-9):
                 best, best_w = value, w
+        self.quiet = self.quiet + 1 if best_w == 1 else 0
+        if self.quiet >= EXPLORE_EVERY:  # the statistics past the root are only the prior's: look again
+            self.quiet = 0
+            return min(3, widest)
         return best_w
 
-    def observe(self, method: str, proposed: int, offered: int, accepted: int) -> None:
-        """A row's verdict: of its chain (``proposed`` long, cut to ``offered``), ``accepted``
-        tokens were accepted."""
+    def observe(self, method: str, proposed: int, offered: int, accepted: list[int]) -> None:
+        """A row's verdict: of its tree (``proposed`` nodes past the root, cut to ``offered``),
+        the nodes ``accepted`` (indices, root excluded) were on the accepted path."""
         for key in self.hits:
             self.hits[key] *= self.decay
             self.trials[key] *= self.decay
-        for d in range(1, min(offered, accepted + 1) + 1):
-            key = (method, length_class(proposed), d)
+        on_path = set(accepted)
+        size = size_class(proposed)
+        for n in range(1, offered + 1):
+            key = (method, size, n)
             self.trials[key] += 1.0
-            self.hits[key] += d <= accepted
+            self.hits[key] += n in on_path
 
     def observe_pass(self, positions: int, seconds: float) -> None:
         self.latency.observe(positions, seconds)

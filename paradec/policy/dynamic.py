@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import random
 
+from paradec.cpu import PassCost
 from paradec.tree.builders import top_paths_scored
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -145,6 +146,23 @@ class LatencyModel:
         return self.sw >= 4 and self.a > 0
 
 
+class CurveLatency:
+    """seconds ~= scale * curve(positions): the shape measured at load, the scale (context
+    length, other load on the machine) refit on exponentially weighted passes."""
+
+    def __init__(self, curve: PassCost, decay: float = 0.97) -> None:
+        self.curve, self.decay = curve, decay
+        self.seconds = self.predicted = 0.0
+
+    def observe(self, positions: float, seconds: float) -> None:
+        self.seconds = self.seconds * self.decay + seconds
+        self.predicted = self.predicted * self.decay + self.curve.predict(positions)
+
+    def predict(self, positions: float) -> float:
+        scale = self.seconds / self.predicted if self.predicted > 0 else 1.0
+        return max(scale * self.curve.predict(positions), 1e-9)
+
+
 class TreePolicy:
     """Chooses the rank paths of the next tree, and whether to prune it inside the pass.
 
@@ -160,10 +178,12 @@ class TreePolicy:
 
     def __init__(self, prior: list[list[float]], static_nodes: int | None = None,
                  explore_every: int = 32, seed: int = 0, lower_share: float | None = None,
-                 recall: float = EARLY_RECALL_PRIOR) -> None:
+                 recall: float = EARLY_RECALL_PRIOR, curve: PassCost | None = None) -> None:
         self.stats = RankStats(prior)
-        self.latency = LatencyModel()  # unpruned passes
-        self.latency_pruned = LatencyModel()  # split passes
+        # unpruned and split passes: the measured pass-cost curve's shape (``paradec.cpu``; a split
+        # pass counts its token-equivalents), else lines fit on probed sizes
+        self.latency = CurveLatency(curve) if curve is not None else LatencyModel()
+        self.latency_pruned = CurveLatency(curve) if curve is not None else LatencyModel()
         self.static_nodes = static_nodes
         self.explore_every = explore_every
         self.rng = random.Random(seed)
@@ -180,9 +200,9 @@ class TreePolicy:
         self.calibration: Calibration | None = None  # set by drafters that score with it
         self._row_orders: dict[int, list[tuple[tuple[int, ...], float]]] = {}
         # sizes (and modes) tried first, to fit the latency models
-        sizes = [1, 8, 32, 4, 16, 64, 2]
+        sizes = [1, 8, 32, 4, 16, 64, 2] if curve is None else []
         self.probe = [(n, False) for n in sizes]
-        if lower_share is not None:
+        if lower_share is not None and sizes:
             self.probe = [x for pair in zip(self.probe, [(n, True) for n in sizes]) for x in pair]
 
     @property

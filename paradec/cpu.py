@@ -1,0 +1,398 @@
+"""The CPU this process runs on, and what a target pass costs on it: measured, never assumed.
+
+CPUs differ more than any constant can follow. On an AVX-512 BF16 core a bf16 pass of 8-16
+tokens costs about one token; on an AVX2 core without native bf16, 8 rows cost 5-9x one row in
+bf16, the int8/int4 kernels are fastest and fp32 scales best with the width. So at first load
+``profile`` times one decoder layer of the model's own shapes (attention over a real cache,
+MLP, norms), the LM head and the per-pass set-up, in each candidate weight format, at verified
+widths 1..32, and keeps the result per CPU signature and model shape under
+``$PARADEC_HOME/profiles``:
+
+    pass(format, w) = setup(w) + layers * layer(format, w) + head(format, w)
+
+``choose`` takes the format with the cheapest `ar` step among those the weights allow (a file
+quantized to 4 bits may run on the int4 kernel, one of 8 bits on int8; every model may run in
+bf16 or fp32). Every policy that sizes a draft (the batch/tree budget, ProPD's cost model,
+EAGLE's verified nodes) starts from the chosen format's ``PassCost`` curve, and refines its
+scale online. ``paradec doctor`` prints all of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from paradec.config import ModelConfig
+
+# the CPU flags that decide which kernels are fast (x86 and ARM spellings)
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
+             "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimddp", "sve", "bf16", "i8mm")
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+          "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+# the weight formats measured for every model: name -> (activation dtype, the decoder linears' weights);
+# any other pair is named "int4-fp32" and the like, and measured only when asked for
+FORMATS = {"bf16": ("bf16", "none"), "fp32": ("fp32", "none"), "int8": ("bf16", "int8"), "int4": ("bf16", "int4")}
+BUSY_CORES = 0.5  # a profile is cached only if other processes used at most this many cores meanwhile
+SLOWER_WARNING = 1.3  # an explicit format whose `ar` step costs this much more than the best one is warned about
+WIDTHS = (1, 2, 4, 8, 16, 32)  # verified nodes per row of a pass (others are interpolated)
+CONTEXT = 256  # keys a measured pass attends over
+PROFILE_VERSION = 1  # part of the cache key: bump when what is measured changes
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str  # the CPU's model name
+    machine: str  # x86_64, aarch64, ...
+    isa: tuple[str, ...]  # the flags of ISA_FLAGS it has
+    cores: int  # logical CPUs this process may run on
+    threads: int  # torch's intra-op threads
+    torch: str
+    capability: str  # the vector ISA torch's own kernels dispatch to (ATEN_CPU_CAPABILITY caps it)
+
+    @property
+    def native_bf16(self) -> bool:
+        return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(self.isa))
+
+    @property
+    def kind(self) -> str:
+        """One line: "AMD EPYC (AVX2, no native bf16), 2 threads"."""
+        top = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "sve", "asimd") if f in self.isa),
+                   self.machine)
+        bf16 = "native bf16" if self.native_bf16 else "no native bf16"
+        return f"{self.model} ({top.upper()}, {bf16}; torch dispatches {self.capability}), {self.threads} threads"
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cpu_info() -> CpuInfo:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
+                model = value.strip()
+            elif key in ("flags", "Features"):
+                flags |= set(value.split())
+    except OSError:  # not Linux: the flags stay unknown, the timings still decide
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return CpuInfo(model, platform.machine(), tuple(f for f in ISA_FLAGS if f in flags), cores,
+                   torch.get_num_threads(), torch.__version__, torch.backends.cpu.get_cpu_capability())
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Seconds of one target pass (batch 1) by verified width, for one weight format.
+
+    ``predict(positions)`` interpolates between measured widths (a batched pass of b rows x w
+    nodes counts as b * w positions) and extends the last segment's slope beyond them."""
+
+    format: str
+    widths: tuple[int, ...]
+    seconds: tuple[float, ...]  # [len(widths)]
+
+    def predict(self, positions: float) -> float:
+        ws, ss = self.widths, self.seconds
+        if positions <= ws[0]:
+            return ss[0]
+        for (w0, s0), (w1, s1) in zip(zip(ws, ss), zip(ws[1:], ss[1:])):
+            if positions <= w1:
+                return s0 + (s1 - s0) * (positions - w0) / (w1 - w0)
+        slope = max((ss[-1] - ss[-2]) / (ws[-1] - ws[-2]), 0.0) if len(ws) > 1 else 0.0
+        return ss[-1] + slope * (positions - ws[-1])
+
+    def relative(self, positions: float) -> float:
+        """A pass of ``positions`` in units of an `ar` step."""
+        return self.predict(positions) / self.predict(1)
+
+    @staticmethod
+    def flat(seconds: float = 0.01) -> "PassCost":
+        """Every width costs the same (a fixed curve for tests: drafting always pays)."""
+        return PassCost("flat", (1,), (seconds,))
+
+
+@dataclass(frozen=True)
+class Profile:
+    cpu: CpuInfo
+    shape: str  # the model shape measured, e.g. "L30 d576 ff1536 h9/3x64 v49152"
+    costs: dict[str, PassCost]  # format -> its curve
+    measured_s: float  # how long measuring took
+    noisy: bool = False  # measured while other processes competed for the cores (then not cached)
+
+    def choose(self, allowed: tuple[str, ...]) -> str:
+        """The allowed format with the cheapest `ar` step (ties: the cheaper 4-wide pass)."""
+        have = [f for f in allowed if f in self.costs]
+        return min(have, key=lambda f: (round(self.costs[f].predict(1), 4), self.costs[f].predict(4)))
+
+    def table(self) -> list[dict]:
+        """Rows for a Markdown table: format, then ms per pass at each width."""
+        return [{"format": f, **{f"w={w}": round(s * 1000, 1) for w, s in zip(c.widths, c.seconds)}}
+                for f, c in self.costs.items()]
+
+
+def shape_of(cfg: ModelConfig) -> str:
+    return (f"L{cfg.num_layers} d{cfg.hidden_size} ff{cfg.intermediate_size} h{cfg.num_heads}/{cfg.num_kv_heads}"
+            f"x{cfg.head_dim} v{cfg.vocab_size}{' qkvb' if cfg.qkv_bias else ''}")
+
+
+def profile_path(home: Path, cpu: CpuInfo, cfg: ModelConfig, exact: bool) -> Path:
+    shape = hashlib.sha256(f"{shape_of(cfg)} exact={exact} v{PROFILE_VERSION}".encode()).hexdigest()[:12]
+    return home / "profiles" / f"{cpu.key()}-{shape}.json"
+
+
+def profile(cfg: ModelConfig, formats: tuple[str, ...], home: Path, exact: bool = True,
+            remeasure: bool = False, widths: tuple[int, ...] = WIDTHS) -> tuple[Profile, Path]:
+    """The pass-cost curves of ``formats`` for a model of ``cfg``'s shape on this CPU: read from
+    the cache, measuring (and adding) the formats it lacks. -> (profile, its cache file)."""
+    cpu = cpu_info()
+    path = profile_path(home, cpu, cfg, exact)
+    costs: dict[str, PassCost] = {}
+    measured_s = 0.0
+    if path.is_file() and not remeasure:
+        try:
+            raw = json.loads(path.read_text())
+            costs = {f: PassCost(f, tuple(c["widths"]), tuple(c["seconds"])) for f, c in raw["costs"].items()}
+            measured_s = float(raw.get("measured_s", 0.0))
+        except (ValueError, KeyError, TypeError):  # a damaged cache file is measured again
+            costs = {}
+    missing = [f for f in formats if f not in costs]
+    others = 0.0
+    if missing:
+        t0 = time.perf_counter()
+        fresh, others = measure(cfg, tuple(missing), exact, widths)
+        costs.update(fresh)
+        measured_s += time.perf_counter() - t0
+        if others <= BUSY_CORES:  # a profile taken while other processes held the cores is not kept
+            _write_json(path, {"cpu": asdict(cpu), "shape": shape_of(cfg), "exact": exact, "measured_s": measured_s,
+                               "costs": {f: {"widths": list(c.widths), "seconds": list(c.seconds)}
+                                         for f, c in costs.items()}})
+    return Profile(cpu, shape_of(cfg), costs, measured_s, others > BUSY_CORES), path
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """Write atomically (a temporary file renamed): a reader never sees half a profile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def measure(cfg: ModelConfig, formats: tuple[str, ...], exact: bool = True, widths: tuple[int, ...] = WIDTHS,
+            reps: int = 3) -> tuple[dict[str, PassCost], float]:
+    """Time one pass per width and format on random weights of ``cfg``'s shapes: ``reps`` rounds
+    over every (format, width), interleaved so a burst of other load hits all of them, and the
+    minimum of each (noise only adds time). -> (curves, the share of the CPU this process got
+    while measuring: ~1 on a quiet machine; well under 1 when other processes competed)."""
+    from paradec.models.llama import Transformer
+    from paradec.models.quant import quantize_linears
+
+    one = replace(cfg, num_layers=1, tie_word_embeddings=False)
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        base = Transformer(one)
+        for p in base.parameters():
+            p.normal_(0, 0.02, generator=g)
+        cases = {}
+        for fmt in formats:
+            dtype_name, quant = format_parts(fmt)
+            model = Transformer(one).to(DTYPES[dtype_name])
+            model.load_state_dict(base.state_dict())
+            model.set_exact(exact)
+            quantize_linears(model, quant)
+            for w in widths:
+                cases[fmt, w] = _PassTimer(model, cfg.num_layers, w)
+        wall, mine, busy = time.perf_counter(), time.process_time(), _busy_seconds()
+        for _ in range(reps + 1):  # the first round warms the kernels up
+            for timer in cases.values():
+                timer.run()
+        others = 0.0
+        if busy is not None:  # CPU seconds the rest of the machine spent, per second of measuring
+            others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine))
+            others /= max(1e-9, time.perf_counter() - wall)
+    out = {fmt: PassCost(fmt, tuple(widths), tuple(_monotone([cases[fmt, w].seconds for w in widths])))
+           for fmt in formats}
+    return out, others
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds every process on the machine has run so far (Linux's /proc/stat), else None."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        ticks = [int(x) for x in fields]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class _PassTimer:
+    """setup + ``layers`` x one block + the head, each part the fastest of the runs so far."""
+
+    def __init__(self, model, layers: int, width: int) -> None:
+        from paradec.models.llama import attention_bias
+
+        self.model, self.layers, self.width = model, layers, width
+        self.cache = model.new_cache(1, CONTEXT + width)
+        self.cache.keys.normal_()
+        self.cache.values.normal_()
+        self.cache.advance(0, CONTEXT)
+        self.tokens = torch.arange(width)[None] % model.config.vocab_size
+        self.positions = torch.arange(CONTEXT, CONTEXT + width)[None]
+        mask = torch.ones(1, 1, width, CONTEXT + width, dtype=torch.bool)
+        mask[0, 0, :, CONTEXT:] = torch.ones(width, width, dtype=torch.bool).tril()
+        self.bias = attention_bias(mask, torch.float64 if model.exact else torch.float32) if width > 1 else None
+        self.best = [float("inf")] * 3
+
+    def run(self) -> None:
+        from paradec.models.llama import attention_bias
+
+        m = self.model
+        t0 = time.perf_counter()
+        x = m.embed(self.tokens)
+        cos, sin = m.rope(self.positions, x.dtype)
+        if self.bias is not None:
+            attention_bias(self.bias == 0, self.bias.dtype)
+        t1 = time.perf_counter()
+        h = m.layers[0](x, cos, sin, self.bias, self.cache)
+        t2 = time.perf_counter()
+        m.normed_logits(h)
+        t3 = time.perf_counter()
+        self.best = [min(b, t) for b, t in zip(self.best, (t1 - t0, t2 - t1, t3 - t2))]
+
+    @property
+    def seconds(self) -> float:
+        return self.best[0] + self.layers * self.best[1] + self.best[2]
+
+
+def _monotone(seconds: list[float]) -> list[float]:
+    """A wider pass never costs less than a narrower one (a dip is noise)."""
+    out, top = [], 0.0
+    for s in seconds:
+        top = max(top, s)
+        out.append(top)
+    return out
+
+
+def source_formats(model_dir: Path) -> tuple[str, ...]:
+    """The formats a model's weights may run in without a new quantization of their own:
+    bf16 and fp32 always; int8 when the file is quantized to 8 bits or fewer (GGUF Q8_0 ..);
+    int4 when to 4 bits or fewer (GGUF Q4_0, Q4_1, Q4_K ..: the int4 kernel keeps their levels)."""
+    from paradec.models.adapter import is_adapter
+
+    marker = Path(model_dir) / "paradec_gguf.json"
+    allowed = ["bf16", "fp32"]
+    if is_adapter(model_dir):  # merged weights sit on no quantization grid
+        return tuple(allowed)
+    if marker.is_file():
+        try:
+            types = set(json.loads(marker.read_text()).get("quant_types", ()))
+        except ValueError:
+            types = set()
+        if types & {"Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K"}:
+            allowed.append("int8")
+        if types & {"Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K"}:
+            allowed.append("int4")
+    return tuple(allowed)
+
+
+def format_name(dtype: str, quant: str) -> str:
+    """("bf16", "int4") -> "int4"; ("fp32", "none") -> "fp32"; ("fp32", "int4") -> "int4-fp32"."""
+    if quant == "none":
+        return dtype
+    return quant if dtype == "bf16" else f"{quant}-{dtype}"
+
+
+def format_parts(name: str) -> tuple[str, str]:
+    """The inverse of ``format_name``: -> (activation dtype, quant)."""
+    if name in FORMATS:
+        return FORMATS[name]
+    quant, _, dtype = name.partition("-")
+    return (dtype, quant) if dtype else (name, "none")
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    """The weight format a model runs in, and why."""
+
+    name: str  # "int4", "bf16", ...
+    dtype: torch.dtype  # of activations (and of weights, unquantized)
+    quant: str  # the decoder linears': none, int8, int4
+    cost: PassCost | None  # its measured pass-cost curve (None off the CPU)
+    reason: str  # one line
+    allowed: tuple[str, ...] = ()  # the formats the weights allowed "auto" to choose from
+    profile: Profile | None = None
+    profile_path: Path | None = None
+
+
+class ParadecWarning(UserWarning):
+    """A choice that works but costs: the message names the measured cost and the fix."""
+
+
+def choose_format(model_dir: Path, dtype: str | torch.dtype, quant: str, device: str, exact: bool = True,
+                  home: Path | None = None) -> FormatChoice:
+    """Resolve ``dtype`` / ``quant`` ("auto" or explicit) for ``model_dir`` on ``device``."""
+    import warnings
+
+    from paradec.models.gguf import paradec_home
+
+    if isinstance(dtype, torch.dtype):
+        dtype = next(k for k, v in DTYPES.items() if v == dtype)
+    dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(dtype, dtype)
+    if not device.startswith("cpu"):
+        d = "bf16" if dtype == "auto" else dtype
+        q = "none" if quant == "auto" else quant
+        return FormatChoice(format_name(d, q), DTYPES[d], q, None, f"{device}: not measured (CPU only)")
+    allowed = source_formats(model_dir)
+    if dtype == "auto" and quant in ("auto", "none"):
+        pool = allowed if quant == "auto" else tuple(f for f in allowed if format_parts(f)[1] == "none")
+        asked = None
+    else:
+        d = dtype if dtype != "auto" else "bf16"  # the packed kernels' fast activations
+        asked = format_name(d, "none" if quant == "auto" else quant)
+        pool = allowed
+    cfg = _model_config(model_dir)
+    widths = WIDTHS if asked is None or asked in FORMATS else (1, 4)
+    prof, path = profile(cfg, tuple(dict.fromkeys(pool + ((asked,) if asked else ()))), home or paradec_home(),
+                         exact, widths=widths)
+    best = prof.choose(pool)
+    ms = {f: c.predict(1) * 1000 for f, c in prof.costs.items()}
+    if asked is None:
+        name = best
+        others = ", ".join(f"{f} {ms[f]:.0f}" for f in pool if f != best)
+        reason = f"auto: the cheapest `ar` step here ({best} {ms[best]:.0f} ms; {others} ms)"
+    else:
+        name = asked
+        reason = "asked for"
+        if ms[asked] > SLOWER_WARNING * ms[best]:
+            warnings.warn(ParadecWarning(
+                f"{asked} costs {ms[asked] / ms[best]:.1f}x {best}'s `ar` step on this CPU ({ms[asked]:.0f} vs "
+                f"{ms[best]:.0f} ms, measured; `paradec doctor` shows all); leave dtype/quant at auto to run {best}"),
+                stacklevel=3)
+    d, q = format_parts(name)
+    return FormatChoice(name, DTYPES[d], q, prof.costs[name], reason, allowed, prof, path)
+
+
+def _model_config(model_dir: Path) -> ModelConfig:
+    """The model's shape (an adapter's: its base's)."""
+    from paradec.errors import ParadecError
+    from paradec.models.adapter import is_adapter, read_adapter
+
+    if not Path(model_dir).is_dir():
+        raise ParadecError(f"model directory {str(model_dir)!r} does not exist; pass model=PATH "
+                           "to a Hugging Face-format directory (config.json + *.safetensors)")
+    if is_adapter(model_dir):
+        from paradec.models.gguf import resolve_model
+
+        return ModelConfig.from_dir(resolve_model(read_adapter(model_dir)[1]))
+    return ModelConfig.from_dir(model_dir)

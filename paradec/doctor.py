@@ -1,0 +1,49 @@
+"""``paradec doctor``: what this CPU is, which weight format paradec runs a model in here and
+why, and what a target pass of each width costs (the curve every draft policy starts from)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from paradec.bench.report import markdown_table
+from paradec.cpu import WIDTHS, choose_format, cpu_info, profile, source_formats, _model_config
+from paradec.models.gguf import paradec_home, resolve_model
+
+
+def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bool = False) -> str:
+    from paradec.zoo import default_gguf
+
+    model = model if model is not None else default_gguf()
+    model_dir = resolve_model(model)
+    cpu = cpu_info()
+    allowed = source_formats(model_dir)
+    prof, path = profile(_model_config(model_dir), allowed, paradec_home(), remeasure=remeasure)
+    choice = choose_format(model_dir, "auto", "auto", "cpu")
+    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    report = {"cpu": asdict(cpu), "kind": cpu.kind, "blas": blas.group(1) if blas else "unknown",
+              "model": Path(str(model)).name, "shape": prof.shape, "allowed": list(allowed),
+              "chosen": choice.name, "reason": choice.reason, "profile": str(path),
+              "measured_s": round(prof.measured_s, 1),
+              "ms_per_pass": {f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS} for f, c in prof.costs.items()}}
+    if as_json:
+        return json.dumps(report)
+    cost = choice.cost
+    lines = [
+        f"CPU       {cpu.kind}",
+        f"          {cpu.cores} logical CPUs; flags: {' '.join(cpu.isa) or 'unknown'}; torch {cpu.torch}, BLAS "
+        f"{report['blas']}",
+        f"model     {report['model']} ({prof.shape}); its weights allow: {', '.join(allowed)}",
+        f"format    {choice.name}: {choice.reason}",
+        f"          a pass of 2 / 4 / 8 / 16 nodes costs {' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8, 16))}"
+        " `ar` steps: the draft budget starts from this curve",
+        f"profile   {path} (measured in {prof.measured_s:.1f} s; --remeasure to redo)",
+        "",
+        "ms per target pass, by verified width (batch 1, " f"{prof.shape}):",
+        markdown_table(prof.table(), list(prof.table()[0])),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""The CPU profile (``paradec.cpu``): weight formats chosen by measurement among those the file
+allows, cached per CPU and model shape, never cached when measured under load; `paradec doctor`."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+import paradec
+from paradec import cpu
+from paradec.cli import main
+from paradec.config import ModelConfig
+from paradec.cpu import PassCost, Profile
+
+
+def test_pass_cost_interpolates_and_extends_the_last_slope():
+    c = PassCost("x", (1, 2, 4), (1.0, 1.5, 3.5))
+    assert [c.predict(w) for w in (0, 1, 1.5, 3, 4, 6)] == [1.0, 1.0, 1.25, 2.5, 3.5, 5.5]
+    assert c.relative(4) == 3.5
+
+
+def test_the_profile_is_measured_once_then_read_from_the_cache(llama_dir, tmp_path, monkeypatch):
+    cfg = ModelConfig.from_dir(llama_dir)
+    monkeypatch.setattr(cpu, "_busy_seconds", lambda: 0.0)  # a quiet machine, whatever runs beside the tests
+    first, path = cpu.profile(cfg, ("fp32", "bf16"), tmp_path)
+    assert path.is_file() and set(first.costs) == {"fp32", "bf16"} and not first.noisy
+    assert all(list(c.seconds) == sorted(c.seconds) for c in first.costs.values())  # wider never cheaper
+
+    def fail(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(cpu, "measure", fail)
+    again, again_path = cpu.profile(cfg, ("bf16", "fp32"), tmp_path)
+    assert again_path == path and again.costs == first.costs
+
+
+def test_a_profile_measured_while_other_processes_run_is_not_cached(llama_dir, tmp_path, monkeypatch):
+    clock = iter(range(0, 10**6, 50))  # the machine's busy CPU seconds jump by 50 s per reading
+    monkeypatch.setattr(cpu, "_busy_seconds", lambda: float(next(clock)))
+    prof, path = cpu.profile(ModelConfig.from_dir(llama_dir), ("fp32",), tmp_path)
+    assert prof.noisy and not path.exists() and "fp32" in prof.costs
+
+
+def _fake_profile(ms: dict[str, float]) -> Profile:
+    costs = {f: PassCost(f, (1, 4), (v / 1000, 2 * v / 1000)) for f, v in ms.items()}
+    return Profile(cpu.cpu_info(), "fake", costs, 0.0)
+
+
+def test_auto_takes_the_cheapest_allowed_format_and_an_explicit_slow_one_is_warned(llama_dir, monkeypatch):
+    fake = _fake_profile({"bf16": 30.0, "fp32": 10.0, "int8": 5.0, "int4": 4.0})
+    monkeypatch.setattr(cpu, "profile", lambda *a, **k: (fake, None))
+    auto = cpu.choose_format(llama_dir, "auto", "auto", "cpu")
+    assert auto.name == "fp32" and auto.allowed == ("bf16", "fp32")  # an fp32 checkpoint: no int8/int4 grid
+    assert "fp32 10 ms" in auto.reason
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        slow = cpu.choose_format(llama_dir, "bf16", "auto", "cpu")
+    assert slow.name == "bf16" and slow.quant == "none"
+    assert any(issubclass(w.category, cpu.ParadecWarning) and "3.0x fp32" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a cheap explicit choice is not warned about
+        assert cpu.choose_format(llama_dir, "fp32", "none", "cpu").name == "fp32"
+    assert cpu.choose_format(llama_dir, "auto", "int4", "cpu").name == "int4"  # the packed kernels take bf16
+
+
+def test_a_4_bit_gguf_allows_int4_and_int8(tmp_path):
+    for types, allowed in ((["F32", "Q4_1", "Q6_K"], ("bf16", "fp32", "int8", "int4")),
+                           (["F32", "Q8_0"], ("bf16", "fp32", "int8")), (["F16"], ("bf16", "fp32"))):
+        (tmp_path / "paradec_gguf.json").write_text(json.dumps({"quant_types": types}))
+        assert cpu.source_formats(tmp_path) == allowed
+
+
+def test_load_auto_runs_a_measured_format_and_stays_lossless(llama_dir):
+    engine = paradec.load(llama_dir)
+    assert engine.format.name in ("bf16", "fp32") and engine.cost is engine.format.cost
+    assert engine.cost.widths[0] == 1 and engine.cost.predict(1) > 0
+    ar = engine.generate("def f(x):\n    return x\n" * 2, max_new_tokens=24, ignore_eos=True)
+    pld = engine.generate("def f(x):\n    return x\n" * 2, method="pld", max_new_tokens=24, ignore_eos=True)
+    assert pld.token_ids == ar.token_ids
+
+
+def test_doctor_prints_the_cpu_the_format_and_the_curve(llama_dir, capsys):
+    assert main(["doctor", "--model", str(llama_dir), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chosen"] in report["allowed"] and report["cpu"]["threads"] >= 1
+    assert set(report["ms_per_pass"]) >= {"bf16", "fp32"}
+    assert main(["doctor", "--model", str(llama_dir)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("CPU ") and "format    " in text and "| w=1 |" in text.replace("| format | w=1 |", "| w=1 |")
+
+
+def test_doctor_on_a_missing_model_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["doctor", "--model", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paradec: error:") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_explicit_dtype_still_overrides(llama_dir, dtype):
+    engine = paradec.load(llama_dir, dtype=dtype, warmup=False)
+    assert engine.format.name == dtype and engine.format.reason == "asked for"
