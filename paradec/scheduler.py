@@ -99,9 +99,16 @@ class Scheduler:
         with torch.inference_mode():
             proposals: list[Proposal] = []
             for g in self.groups:
+                t_draft = time.perf_counter()
                 proposals += g.drafter.propose([r.tokens for r in g.rows], [r.generator for r in g.rows])
+                if self.budget is not None and max(len(p.tree) for p in proposals[g.first:]) > 1:
+                    self.budget.observe_draft(g.gen.method, time.perf_counter() - t_draft)
             drafted = [len(p.tree) for p in proposals]
-            proposals, trees = self._cut(proposals)
+            proposals, trees, width = self._cut(proposals)
+            if trees is not None:  # the next proposals need reach no further than this width (+1), or nowhere
+                width = self.budget.next_width(trees, width)
+            for g in self.groups:
+                g.drafter.set_width(width if trees is not None and not g.gen.spec.dynamic else None)
             t_fwd = time.perf_counter()
             ver = self._verify(proposals)
             if ver.logits.device.type == "cuda":
@@ -157,21 +164,23 @@ class Scheduler:
                     later.first -= len(g.rows)
 
     # ---- the pieces of a step ---------------------------------------------------------------
-    def _cut(self, proposals: list[Proposal]) -> tuple[list[Proposal], list | None]:
+    def _cut(self, proposals: list[Proposal]) -> tuple[list[Proposal], list | None, int]:
         """With a budget and every group greedy: each row's tree cut to the width the budget
         chooses for the pass (groups whose drafter sizes its own trees keep them whole). ->
-        (proposals, the rows' (method, proposed nodes) or None when nothing was decided)."""
-        if (self.budget is None or not all(g.gen.sampling.greedy for g in self.groups)
-                or max(len(p.tree) for p in proposals) == 1):
-            return proposals, None
+        (proposals, the rows' (method, proposed nodes) or None when nothing was decided, the width)."""
+        widest = max(len(p.tree) for p in proposals)
+        if self.budget is None or not all(g.gen.sampling.greedy for g in self.groups):
+            return proposals, None, widest
+        if widest == 1:  # nothing drafted: the drafters may look one node further again
+            return proposals, [], 1
         sized = [b for g in self.groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))]
         if len(sized) == len(proposals):
-            return proposals, None
+            return proposals, None, widest
         trees = [(g.gen.method, len(p.tree) - 1) for g in self.groups
                  for p in proposals[g.first: g.first + len(g.rows)]]
         cuttable = [t for b, t in enumerate(trees) if b not in sized]
         width = max([self.budget.choose(cuttable)] + [len(proposals[b].tree) for b in sized])
-        return [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)], trees
+        return [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)], trees, width
 
     def _verify(self, proposals: list[Proposal]) -> Verification:
         """One target pass over every row's tree, pruned inside the pass (ProPD) when every group

@@ -127,3 +127,38 @@ def test_budget_widens_for_chains_that_get_accepted_and_narrows_when_positions_c
     for positions in (16, 32, 64):
         free.observe_pass(positions, 0.010)
     assert free.choose([("pld", 2)] * 16) == 3  # positions that cost nothing: every chain in full
+
+
+class Skipping(BatchBudget):
+    """Tells the drafters to skip drafting on two steps of every three (``next_width`` 0)."""
+
+    def __init__(self) -> None:
+        super().__init__(PassCost.flat())
+        self.steps = 0
+
+    def next_width(self, trees, width):
+        self.steps += 1
+        return 0 if self.steps % 3 else width
+
+
+@pytest.mark.parametrize("method, opts", [("specinfer", {"expansion": [1, 2, 1]}), ("medusa", {}),
+                                          ("eagle", {}), ("eagle+ngram", {}), ("specinfer+ngram", {})])
+def test_drafters_that_skip_steps_catch_up_and_keep_ar_output(llama_dir, drafters, tmp_path, method, opts):
+    """A drafter told to skip (an SSM's or EAGLE head's state falls behind by the skipped steps'
+    tokens) catches up when it drafts again: output identical to `ar`, at batch 1 and 3."""
+    import torch
+
+    from paradec.models.eagle import EagleHead
+
+    draft, heads = drafters
+    eng = paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads, cost=PassCost.flat())
+    torch.manual_seed(0)
+    EagleHead(eng.model.config).save(tmp_path / "head", {})
+    eng.load_eagle(tmp_path / "head")
+    ar = eng.generate(PROMPTS, max_new_tokens=30, ignore_eos=True)
+    eng.budget = Skipping()
+    out = eng.generate(PROMPTS, method=method, max_new_tokens=30, ignore_eos=True, **opts)
+    solo = eng.generate(PROMPTS[0], method=method, max_new_tokens=30, ignore_eos=True, **opts)
+    assert [g.token_ids for g in out] == [g.token_ids for g in ar] and solo.token_ids == ar[0].token_ids
+    if method != "specinfer+ngram":  # (its prompt lookup drafts on every step: it costs nothing)
+        assert all(g.stats.nodes < g.stats.steps * 3 for g in out)  # most steps drafted nothing

@@ -14,6 +14,7 @@ from paradec import methods
 from paradec.bench.harness import BenchConfig, bench_methods
 from paradec.cli import build_parser, main
 from paradec.cli.common import flag_message
+from paradec.cpu import PassCost
 from paradec.draft import DrafterHooks, DraftTree, merge
 from paradec.errors import ParadecError
 
@@ -27,7 +28,7 @@ def engine(llama_dir, drafters, tmp_path_factory):
     from paradec.models.eagle import EagleHead
 
     draft, heads = drafters
-    engine = paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads)
+    engine = paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads, cost=PassCost.flat())  # drafts pay
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("eagle") / "head"
     EagleHead(engine.model.config).save(path, {})

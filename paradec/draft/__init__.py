@@ -42,6 +42,9 @@ class Drafter(Protocol):
 
     def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None: ...
 
+    # the width the draft budget verified this step (None: trees in full); drafting past it is wasted
+    def set_width(self, width: int | None) -> None: ...
+
 
 class RootDrafter(DrafterHooks):
     """`ar`: every step verifies the root alone."""
@@ -86,3 +89,7 @@ class TreeDrafter(DrafterHooks):
     def commit(self, row: int, accepted: list[int], bonus: int, hidden=None) -> None:
         for m in self.models:
             m.commit(row, accepted, bonus)
+
+    def set_width(self, width: int | None) -> None:
+        for m in self.models:
+            m.width = width

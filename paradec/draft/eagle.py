@@ -164,9 +164,11 @@ class EagleDrafter(DrafterHooks):
         for b in range(batch):
             self.cache.drop_scratch(b)
         chains = [self.lookup.propose(seq) for seq in sequences] if self.lookup is not None else None
-        self.head_ran = not chains or not all(len(c.tokens) > 1 for c in chains)
-        if not self.head_ran:  # every row has a long lookup match: its chain, no head passes
+        self.head_ran = self.width != 0 and (not chains or not all(len(c.tokens) > 1 for c in chains))
+        if not self.head_ran:  # every row has a long lookup match, or drafting does not pay: no head passes
             self.candidates = [[] for _ in sequences]
+            if chains is None:
+                return [Proposal.root_only(seq[-1]) for seq in sequences]
             return [merge(seq[-1], [c]) for seq, c in zip(sequences, chains)]
         with torch.inference_mode():
             rows, width, out = self._chains(self.pending)
@@ -190,7 +192,7 @@ class EagleDrafter(DrafterHooks):
                 # (their parent's predicted feature, their token) through the head
                 grow = [sorted(mine, key=lambda n, b=b: -nodes[b][n][2])[: self.topk] for b, mine in enumerate(new)]
                 if self.sampling.greedy and self.cost is None and all(
-                        _settled(nodes[b], grow[b], self.nodes) for b in range(batch)):
+                        _settled(nodes[b], grow[b], self._nodes()) for b in range(batch)):
                     break  # no deeper node can enter a row's top m: the verified trees are complete
                 at = [{n: i for i, n in enumerate(row)} for row in front]  # node -> its index in front_feats
                 parent_at = torch.tensor([[at[b][nodes[b][n][0]] for n in grow[b]] for b in range(batch)],
@@ -205,8 +207,13 @@ class EagleDrafter(DrafterHooks):
         self.candidates = [[] for _ in sequences]
         if self.sampling.greedy:
             confidences = [sorted((math.exp(n[2]) for n in row[1:]), reverse=True) for row in nodes]
-            self._m = self.cost.choose(batch, confidences) if self.cost is not None else self.nodes
+            self._m = self.cost.choose(batch, confidences) if self.cost is not None else self._nodes()
         return [self._tree(b, seq[-1], nodes[b], chains[b] if chains else None) for b, seq in enumerate(sequences)]
+
+    def _nodes(self) -> int:
+        """The top m to verify: ``nodes``, or one more than the draft budget verified last (the
+        head then stops drafting as soon as no deeper node can enter it)."""
+        return self.nodes if not self.width else min(self.nodes, self.width)
 
     def _children(self, logits: torch.Tensor, generators) -> list[list[tuple[int, int, float, torch.Tensor | None]]]:
         """logits [batch, frontier, K] (K: the draft vocabulary, or the whole one) -> per row,

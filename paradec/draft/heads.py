@@ -33,6 +33,7 @@ class HeadDrafter:
         self.head_probs: list[list[list[float]] | None] = []  # [row][depth][rank] their probabilities
         self.max_depth = len(heads.medusa.blocks)
         self.step_scores = step_scores
+        self.width: int | None = None  # the draft budget's last verified width (a static tree is cut to it)
         if step_scores and policy.calibration is None:
             policy.calibration = Calibration(self.max_depth)
 
@@ -52,13 +53,16 @@ class HeadDrafter:
         self.head_probs = [None] * len(sequences)
         if not live:
             return out
+        depth = None  # heads to run: all, or as deep as the draft budget's last width (+1) reaches
         if not self.step_scores:  # the tree does not depend on this step's heads: size it first
             n = self.policy.choose(len(sequences))
+            if self.policy.static_nodes is not None and self.width is not None:
+                n = depth = min(n, self.width)  # a static tree the budget cuts: its top-n paths, n heads at most
             if n == 0:
                 return out
         hn = torch.stack([self.hidden[b] for b in live])  # [live, hidden]
         with torch.inference_mode():
-            logits = self.heads.medusa(hn, self.lm_head)  # [live, heads, vocab]
+            logits = self.heads.medusa(hn, self.lm_head, depth)  # [live, heads, vocab]
             # every head's top-R, also past this tree's depth: the online statistics need them
             if self.step_scores:
                 top = logits.float().softmax(-1).topk(self.max_rank, dim=-1)
@@ -98,6 +102,9 @@ class HeadDrafter:
                 if probs is not None:
                     self.policy.calibration.observe(d, probs[d], [g == actual[d] for g in row_guesses])
         self.hidden[row] = None if hidden is None else hidden[-1]  # the last accepted node's
+
+    def set_width(self, width: int | None) -> None:
+        self.width = width
 
     @property
     def prune_next(self) -> bool:

@@ -33,10 +33,25 @@ class ModelDrafter:
         self.trees: list[ScratchTree] = []
         self.roots: list[int] = []  # local index of each row's root
         self.written = 0  # local nodes whose K/V are in the scratch (leaves are never run)
+        self.width: int | None = None  # the budget's last verified width (``TreeDrafter.set_width``); 0: skip
+        self.skipped = False  # the last propose drafted nothing
 
     @property
     def max_nodes(self) -> int:
         return expansion_nodes(self.expansion)
+
+    def _levels(self) -> tuple[int, ...]:
+        """The expansion's levels that reach ``width`` nodes past the root (one more than the budget
+        verified last, so it can widen): an SSM pass per level, none past what can be verified."""
+        if self.width is None:
+            return self.expansion
+        count, size = 0, 1
+        for level, k in enumerate(self.expansion):
+            size *= k
+            count += size
+            if count >= self.width:
+                return self.expansion[: level + 1]
+        return self.expansion
 
     def begin(self, prompts: list[list[int]], max_len: int) -> None:
         """Prefill every prompt but its last token (the first root), like the target."""
@@ -68,6 +83,9 @@ class ModelDrafter:
         batch = len(self.pending)
         for b in range(batch):
             self.cache.drop_scratch(b)
+        self.skipped = self.width == 0
+        if self.skipped:  # drafting does not pay here now (``policy.budget``): the SSM catches up later
+            return [DraftTree([chain[-1]], [-1], [None]) for chain in self.pending]
         width = max(len(p) for p in self.pending)
         self.trees, self.roots = [], []
         for chain in self.pending:
@@ -84,7 +102,8 @@ class ModelDrafter:
         logits = self._forward(self.trees, 0, width)
         frontier_logits = torch.stack([logits[b, self.roots[b]] for b in range(batch)])[:, None]
         start = width
-        for level, k in enumerate(self.expansion):
+        expansion = self._levels()
+        for level, k in enumerate(expansion):
             children = self._expand(frontier_logits, k, generators)  # per row: [(frontier i, token, q)]
             new_frontier = []
             for b, kids in enumerate(children):
@@ -100,7 +119,7 @@ class ModelDrafter:
                     nodes.append(local)
                 new_frontier.append(nodes)
             frontier = new_frontier
-            if level + 1 == len(self.expansion):
+            if level + 1 == len(expansion):
                 break
             n_new = len(frontier[0])
             frontier_logits = self._forward(self.trees, start, n_new)
@@ -122,6 +141,9 @@ class ModelDrafter:
 
     def commit(self, row: int, accepted: list[int], bonus: int, hidden=None) -> None:
         """The target kept ``accepted`` (draft tokens after the root) and added ``bonus``."""
+        if self.skipped:  # nothing was drafted or cached this step: the chain to run grows
+            self.pending[row] = self.pending[row] + accepted + [bonus]
+            return
         tree = self.trees[row]
         kids: dict[tuple[int, int], int] = {}
         for i in range(self.roots[row] + 1, self.written):  # only nodes with cached K/V

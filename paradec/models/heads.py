@@ -41,10 +41,11 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(ResBlock(hidden) for _ in range(num_heads))
 
-    def forward(self, hn: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
-        """hn [..., hidden] (final-normed) -> logits [..., heads, vocab]. One LM-head call for
-        all heads: on a CPU (or at batch 1 on a GPU) it reads the vocab matrix once, not K times."""
-        return lm_head(torch.stack([block(hn) for block in self.blocks], dim=-2))
+    def forward(self, hn: torch.Tensor, lm_head: nn.Linear, heads: int | None = None) -> torch.Tensor:
+        """hn [..., hidden] (final-normed) -> logits [..., heads, vocab] of the first ``heads``
+        (default all). One LM-head call for all heads: on a CPU (or at batch 1 on a GPU) it reads
+        the vocab matrix once, not K times."""
+        return lm_head(torch.stack([block(hn) for block in self.blocks[:heads]], dim=-2))
 
 
 class EarlyHead(nn.Module):

@@ -20,7 +20,10 @@ scale refit on measured passes (``CurveLatency``); without a curve, a line refit
 
 Only greedy trees are cut (under sampling, which draws are kept must not depend on their values),
 and not the trees of a drafter that sizes its own with a cost model (ProPD's dynamic trees).
-With a curve, W = 1 where drafting does not pay: the method then runs as `ar` does.
+With a curve, W = 1 where drafted nodes do not pay; and where even the best W does not pay for
+the drafting's own measured time (an SSM's or a head's passes), ``next_width`` tells the drafters to
+skip drafting (width 0): the method then runs as `ar` does, looking again every ``EXPLORE_EVERY``
+steps.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class BatchBudget:
         # without a curve, the widths tried first to fit the latency line (None: the widest)
         self.probe: list[int | None] = [] if curve is not None else [1, None]
         self.quiet = 0  # choices in a row that verified the root alone
+        self.draft_s: dict[str, float] = {}  # method -> seconds its drafters take a step (recent average)
+        self.last_trees: list[tuple[str, int]] = []  # the last step's drafted rows (method, proposed nodes)
+        self.skipped = 0  # steps in a row whose drafting was skipped because it did not pay
 
     def rate(self, method: str, proposed: int, node: int) -> float:
         key = (method, size_class(proposed), node)
@@ -91,3 +97,31 @@ class BatchBudget:
 
     def observe_pass(self, positions: int, seconds: float) -> None:
         self.latency.observe(positions, seconds)
+
+    def observe_draft(self, method: str, seconds: float, decay: float = 0.9) -> None:
+        """A step's drafting took ``seconds`` for ``method`` (recent steps weigh more)."""
+        self.draft_s[method] = self.draft_s.get(method, seconds) * decay + seconds * (1 - decay)
+
+    def next_width(self, trees: list[tuple[str, int]], width: int) -> int:
+        """How far the drafters should draft next step (``Drafter.set_width``): this step's ``width``
+        while drafting pays for its own time too, else 0 (no drafting: the step is an `ar` step),
+        with a look again every ``EXPLORE_EVERY`` steps. ``trees``: this step's rows, as ``choose``'s
+        (empty when nothing was drafted: then the last drafted ones stand in)."""
+        if trees:
+            self.last_trees = trees
+        trees = self.last_trees
+        if not trees or not isinstance(self.latency, CurveLatency):
+            return width
+        batch = len(trees)
+        draft = sum(self.draft_s.get(m, 0.0) for m in dict.fromkeys(m for m, _ in trees))
+        plain = batch / self.latency.predict(batch)
+        drafting = max(sum(self.expected(m, p, w) for m, p in trees) / (self.latency.predict(batch * w) + draft)
+                       for w in range(2, 2 + max(p for _, p in trees)))
+        if drafting >= plain:
+            self.skipped = 0
+            return max(width, 1)
+        self.skipped += 1
+        if self.skipped >= EXPLORE_EVERY:  # the acceptance may have changed with the text: look again
+            self.skipped = 0
+            return 3
+        return 0
