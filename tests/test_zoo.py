@@ -78,7 +78,7 @@ def test_demo_runs(capsys):
     summary = run_demo(max_new_tokens=12)
     methods = {row["method"] for row in summary}
     assert {"ar", "pld", "specinfer", "medusa", "propd"} <= methods
-    assert next(r for r in summary if r["method"] == "ar")["identical"] == "3/3"
+    assert all(r["identical"] == "3/3" for r in summary)  # every lossless method gives `ar`'s tokens
     assert "tau" in capsys.readouterr().out
 
 

@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     cg.add_argument("out", help="a new directory for config.json, model.safetensors and the tokenizer")
 
     d = sub.add_parser("demo", help="the default model decoded by every lossless method, side by side")
-    d.add_argument("--max-new-tokens", type=int, default=96)
+    d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     d.add_argument("--model", default=None, help="another model directory or .gguf file")
     d.add_argument("--quant", default="auto", choices=("auto", *QUANTS), help="int8 / int4 weights (every method is "
