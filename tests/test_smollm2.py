@@ -13,8 +13,6 @@ import pytest
 import torch
 
 import paradec
-from paradec.cpu import PassCost
-from paradec.policy.budget import BatchBudget
 from paradec.models.gguf import resolve_model
 from paradec.zoo import companions, default_gguf
 
@@ -39,7 +37,7 @@ def smol(smol_dir):
     drafts, heads = companions(default_gguf())
     assert drafts and heads, "zoo/smollm2 ships an SSM pool and Medusa heads for the default model"
     engine = paradec.load(smol_dir, dtype="fp32", drafts=drafts[:1], heads=heads)
-    engine.budget = BatchBudget(PassCost.flat())  # every tree verified in full (ProPD sizes its own on the CPU's curve)
+    engine.budget = None  # every tree verified in full (ProPD sizes its own on the CPU's curve)
     return engine
 
 

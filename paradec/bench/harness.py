@@ -151,9 +151,10 @@ class Runners:
         self.cfg = cfg
         model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
         quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
+        # --tree-nodes N compares drafters at one fixed tree size: the draft budget must not cut them
         self.engines = {q: load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
                                 heads=cfg.heads, eagle=cfg.eagle, exact=cfg.exact, quant=q, quant_head=cfg.quant_head,
-                                threads=cfg.threads) for q in quants}
+                                threads=cfg.threads, batch_budget=cfg.tree_nodes is None) for q in quants}
         self.engine = self.engines[cfg.quant]
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.base = None  # an ASPD adapter's base model: `base-ar`, and the NLL reference nll_base

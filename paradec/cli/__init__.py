@@ -157,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--expansion", type=_int_list, default=None,
                    help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)")
     b.add_argument("--tree-nodes", type=int, default=None,
-                   help="fixed-size trees (medusa, eagle) verify this many nodes: compare drafters at one budget "
-                        "(default: each method's own)")
+                   help="fixed-size trees (medusa, eagle) verify this many nodes, never cut by the draft budget: "
+                        "compare drafters at one budget (default: each method's own)")
     b.add_argument("--first-turn", action="store_true",
                    help="conversations: the first turn only (MT-bench without its second-turn prompts)")
     b.add_argument("--no-chat", action="store_true",

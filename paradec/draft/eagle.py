@@ -44,6 +44,9 @@ from paradec.tree import ScratchTree, pass_tensors
 from paradec.tree.proposal import DraftTree, Proposal, merge
 
 
+IDLE_LOOK_EVERY = 16  # eagle+propd: a cost model that verified nothing drafts again this often
+
+
 class EagleCostModel:
     """ProPD's online cost model for EAGLE's reranked trees: expected tokens per step = 1 + the
     calibrated acceptance of the top-m nodes' path confidences; step time from a latency model
@@ -105,6 +108,7 @@ class EagleDrafter(DrafterHooks):
         self.pending: list[list[tuple[torch.Tensor, int]]] = []  # per row: (feature f_t [hidden], token x_{t+1})
         self.candidates: list[list[tuple[tuple[int, ...], float]]] = []  # per row: (path tokens, log confidence)
         self._m = nodes  # this step's verified nodes per row (greedy)
+        self.idle = 0  # steps in a row skipped because the cost model verified nothing (eagle+propd)
 
     @property
     def max_nodes(self) -> int:
@@ -164,7 +168,11 @@ class EagleDrafter(DrafterHooks):
         for b in range(batch):
             self.cache.drop_scratch(b)
         chains = [self.lookup.propose(seq) for seq in sequences] if self.lookup is not None else None
-        self.head_ran = self.width != 0 and (not chains or not all(len(c.tokens) > 1 for c in chains))
+        skip = self.width == 0  # the draft budget: drafting does not pay here now
+        if self.cost is not None and self.sampling.greedy and self._m == 0:  # nor for the cost model
+            self.idle = (self.idle + 1) % IDLE_LOOK_EVERY
+            skip = self.idle != 0  # ... but look again now and then
+        self.head_ran = not skip and (not chains or not all(len(c.tokens) > 1 for c in chains))
         if not self.head_ran:  # every row has a long lookup match, or drafting does not pay: no head passes
             self.candidates = [[] for _ in sequences]
             if chains is None:
@@ -191,8 +199,9 @@ class EagleDrafter(DrafterHooks):
                 # the best-scored nodes of this depth grow children next: run their pairs
                 # (their parent's predicted feature, their token) through the head
                 grow = [sorted(mine, key=lambda n, b=b: -nodes[b][n][2])[: self.topk] for b, mine in enumerate(new)]
-                if self.sampling.greedy and self.cost is None and all(
-                        _settled(nodes[b], grow[b], self._nodes()) for b in range(batch)):
+                # (the cost model's m is bounded by one more than it chose last step)
+                bound = self._nodes() if self.cost is None else (self._m + 1 if not self.cost.probe else 10**9)
+                if self.sampling.greedy and all(_settled(nodes[b], grow[b], bound) for b in range(batch)):
                     break  # no deeper node can enter a row's top m: the verified trees are complete
                 at = [{n: i for i, n in enumerate(row)} for row in front]  # node -> its index in front_feats
                 parent_at = torch.tensor([[at[b][nodes[b][n][0]] for n in grow[b]] for b in range(batch)],

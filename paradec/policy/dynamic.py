@@ -186,6 +186,7 @@ class TreePolicy:
         self.latency_pruned = CurveLatency(curve) if curve is not None else LatencyModel()
         self.static_nodes = static_nodes
         self.explore_every = explore_every
+        self.last = 0  # the size chosen last (explored around when the latency has a measured curve)
         self.rng = random.Random(seed)
         self.steps = 0
         # With early pruning, layers [0, m) see every drafted node and layers [m, L) the
@@ -227,6 +228,8 @@ class TreePolicy:
         can_prune = self.lower_share is not None
         if self.steps % self.explore_every == 0:
             self.prune_next = can_prune and self.rng.random() < 0.5
+            if isinstance(self.latency, CurveLatency):  # the curve knows the shape: look one size up only
+                return SIZES[min(SIZES.index(self.last) + 1, len(SIZES) - 1)]
             return self.rng.choice(SIZES[1:])
         # best-first, so the top-n tree is a prefix of the top-max tree: one search per step
         # (per row with step scores), which ``paths`` reuses
@@ -251,6 +254,7 @@ class TreePolicy:
                 rate = (batch + g[n]) / lat.predict(self.cost_tokens(batch, n + 1, pruned=prune))
                 if rate > best_rate:
                     best, best_rate, self.prune_next = n, rate, prune
+        self.last = best
         return best
 
     def cost_tokens(self, batch: int, drafted: float, verified: float | None = None, pruned: bool = True) -> float:
