@@ -28,7 +28,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
     report = {"cpu": asdict(cpu), "kind": cpu.kind, "blas": blas.group(1) if blas else "unknown",
               "model": Path(str(model)).name, "shape": prof.shape, "allowed": list(allowed),
               "chosen": choice.name, "reason": choice.reason, "profile": str(path),
-              "measured_s": round(prof.measured_s, 1),
+              "measured_s": round(prof.measured_s, 1), "noisy": prof.noisy,
               "ms_per_pass": {f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS} for f, c in prof.costs.items()}}
     if as_json:
         return json.dumps(report)
@@ -41,9 +41,10 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         f"format    {choice.name}: {choice.reason}",
         f"          a pass of 2 / 4 / 8 / 16 nodes costs {' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8, 16))}"
         " `ar` steps: the draft budget starts from this curve",
-        f"profile   {path} (measured in {prof.measured_s:.1f} s; --remeasure to redo)",
+        f"profile   {path} (measured in {prof.measured_s:.1f} s; --remeasure to redo)" if not prof.noisy else
+        "profile   not cached: other processes kept the cores busy while measuring; rerun on a quiet machine",
         "",
-        "ms per target pass, by verified width (batch 1, " f"{prof.shape}):",
+        f"ms per target pass, by verified width (batch 1, {prof.shape}):",
         markdown_table(prof.table(), list(prof.table()[0])),
     ]
     return "\n".join(lines)

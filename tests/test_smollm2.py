@@ -81,7 +81,7 @@ METHODS = [{"method": "pld"}, {"method": "specinfer"}, {"method": "specinfer", "
            {"method": "medusa"}, {"method": "propd"}, {"method": "propd", "prune": False}]
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [3])  # batch 1 on SmolLM2: tests/test_exact_bf16.py, in the default format
 def test_lossless_methods_greedy_equal_ar_on_chat(smol, batch):
     prompts = CHATS if batch == 3 else [CHATS[0]]
     ar = smol.generate(prompts, max_new_tokens=16)
