@@ -241,8 +241,6 @@ class _PassTimer:
     """setup + ``layers`` x one block + the head, each part the fastest of the runs so far."""
 
     def __init__(self, model, layers: int, width: int) -> None:
-        from paradec.models.llama import attention_bias
-
         self.model, self.layers, self.width = model, layers, width
         self.cache = model.new_cache(1, CONTEXT + width)
         self.cache.keys.normal_()
@@ -252,18 +250,23 @@ class _PassTimer:
         self.positions = torch.arange(CONTEXT, CONTEXT + width)[None]
         mask = torch.ones(1, 1, width, CONTEXT + width, dtype=torch.bool)
         mask[0, 0, :, CONTEXT:] = torch.ones(width, width, dtype=torch.bool).tril()
-        self.bias = attention_bias(mask, torch.float64 if model.exact else torch.float32) if width > 1 else None
+        self.mask = mask if width > 1 else None
+        self.bias = self._bias()
         self.best = [float("inf")] * 3
 
-    def run(self) -> None:
+    def _bias(self) -> torch.Tensor | None:
         from paradec.models.llama import attention_bias
 
+        if self.mask is None:
+            return None
+        return attention_bias(self.mask, torch.float64 if self.model.exact else torch.float32)
+
+    def run(self) -> None:
         m = self.model
         t0 = time.perf_counter()
         x = m.embed(self.tokens)
         cos, sin = m.rope(self.positions, x.dtype)
-        if self.bias is not None:
-            attention_bias(self.bias == 0, self.bias.dtype)
+        self._bias()  # a pass builds its mask's bias once
         t1 = time.perf_counter()
         h = m.layers[0](x, cos, sin, self.bias, self.cache)
         t2 = time.perf_counter()
@@ -363,9 +366,12 @@ def choose_format(model_dir: Path, dtype: str | torch.dtype, quant: str, device:
         asked = format_name(d, "none" if quant == "auto" else quant)
         pool = allowed
     cfg = _model_config(model_dir)
-    widths = WIDTHS if asked is None or asked in FORMATS else (1, 4)
-    prof, path = profile(cfg, tuple(dict.fromkeys(pool + ((asked,) if asked else ()))), home or paradec_home(),
-                         exact, widths=widths)
+    home = home or paradec_home()
+    standard = tuple(dict.fromkeys(pool + ((asked,) if asked in FORMATS else ())))
+    prof, path = profile(cfg, standard, home, exact)
+    if asked is not None and asked not in prof.costs:  # "int4-fp32" and the like: w = 1 and 4 only
+        extra, path = profile(cfg, (asked,), home, exact, widths=(1, 4))
+        prof = replace(prof, costs={**prof.costs, **extra.costs}, noisy=prof.noisy or extra.noisy)
     best = prof.choose(pool)
     ms = {f: c.predict(1) * 1000 for f, c in prof.costs.items()}
     if asked is None:

@@ -22,8 +22,10 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
     model_dir = resolve_model(model)
     cpu = cpu_info()
     allowed = source_formats(model_dir)
-    prof, path = profile(_model_config(model_dir), allowed, paradec_home(), remeasure=remeasure)
+    if remeasure:  # measured again and cached; choose_format then reads it
+        profile(_model_config(model_dir), allowed, paradec_home(), remeasure=True)
     choice = choose_format(model_dir, "auto", "auto", "cpu")
+    prof, path = choice.profile, choice.profile_path
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     report = {"cpu": asdict(cpu), "kind": cpu.kind, "blas": blas.group(1) if blas else "unknown",
               "model": Path(str(model)).name, "shape": prof.shape, "allowed": list(allowed),
