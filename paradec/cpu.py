@@ -403,3 +403,57 @@ def _model_config(model_dir: Path) -> ModelConfig:
 
         return ModelConfig.from_dir(resolve_model(read_adapter(model_dir)[1]))
     return ModelConfig.from_dir(model_dir)
+
+
+# ---- llama.cpp as the target's runtime (models.llamacpp) ---------------------------------------
+def llamacpp_cost(model, home: Path, remeasure: bool = False, widths: tuple[int, ...] = WIDTHS,
+                  reps: int = 3) -> tuple[PassCost, Path, bool]:
+    """The pass-cost curve of a ``models.llamacpp.LlamaCppModel`` on this CPU (the whole model:
+    a chain of each width over a prefix of CONTEXT tokens), cached per CPU signature and GGUF
+    file like ``profile``. -> (curve, cache file, measured under load: then not cached)."""
+    from paradec.models.gguf import file_digest
+
+    cpu = cpu_info()
+    path = home / "profiles" / f"{cpu.key()}-llamacpp-{file_digest(model.path)}-v{PROFILE_VERSION}.json"
+    if path.is_file() and not remeasure:
+        try:
+            raw = json.loads(path.read_text())
+            return PassCost("llamacpp", tuple(raw["widths"]), tuple(raw["seconds"])), path, False
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache file is measured again
+    cache = model.new_cache(1, CONTEXT + max(widths) + 1)
+    model.prefill([[i % model.config.vocab_size for i in range(CONTEXT + 1)]], cache)
+    best = {w: float("inf") for w in widths}
+    wall, mine, busy = time.perf_counter(), time.process_time(), _busy_seconds()
+    for _ in range(reps + 1):  # the first round warms the kernels up
+        for w in widths:
+            t = time.perf_counter()
+            model.verify([_Chain(w)], cache)
+            best[w] = min(best[w], time.perf_counter() - t)
+            cache.drop_scratch(0)
+    others = 0.0
+    if busy is not None:
+        others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine)) / max(1e-9, time.perf_counter() - wall)
+    cost = PassCost("llamacpp", tuple(widths), tuple(_monotone([best[w] for w in widths])))
+    if others <= BUSY_CORES:
+        _write_json(path, {"cpu": asdict(cpu), "gguf": model.path.name, "widths": list(widths),
+                           "seconds": list(cost.seconds)})
+    return cost, path, others > BUSY_CORES
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """A chain of ``n`` arbitrary tokens (what ``verify`` reads of a tree)."""
+
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(range(11, 11 + self.n))
+
+    @property
+    def parents(self) -> tuple[int, ...]:
+        return tuple(range(-1, self.n - 1))

@@ -26,15 +26,20 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         profile(_model_config(model_dir), allowed, paradec_home(), remeasure=True)
     choice = choose_format(model_dir, "auto", "auto", "cpu")
     prof, path = choice.profile, choice.profile_path
+    backend, lc = _backend(model, model_dir, choice.cost, remeasure)
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     report = {"cpu": asdict(cpu), "kind": cpu.kind, "blas": blas.group(1) if blas else "unknown",
               "model": Path(str(model)).name, "shape": prof.shape, "allowed": list(allowed),
               "chosen": choice.name, "reason": choice.reason, "profile": str(path),
               "measured_s": round(prof.measured_s, 1), "noisy": prof.noisy,
-              "ms_per_pass": {f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS} for f, c in prof.costs.items()}}
+              "backend": backend,
+              "ms_per_pass": {f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS}
+                              for f, c in {**prof.costs, **({"llamacpp": lc} if lc else {})}.items()}}
     if as_json:
         return json.dumps(report)
     cost = choice.cost
+    table = prof.table() + ([{"format": "llamacpp", **{f"w={w}": round(s * 1000, 1) for w, s in zip(lc.widths, lc.seconds)}}]
+                            if lc else [])
     lines = [
         f"CPU       {cpu.kind}",
         f"          {cpu.cores} logical CPUs; flags: {' '.join(cpu.isa) or 'unknown'}; torch {cpu.torch}, BLAS "
@@ -45,8 +50,30 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         " `ar` steps: the draft budget starts from this curve",
         f"profile   {path} (measured in {prof.measured_s:.1f} s; --remeasure to redo)" if not prof.noisy else
         "profile   not cached: other processes kept the cores busy while measuring; rerun on a quiet machine",
+        f"backend   {backend}",
         "",
-        f"ms per target pass, by verified width (batch 1, {prof.shape}):",
-        markdown_table(prof.table(), list(prof.table()[0])),
+        f"ms per target pass, by verified width (batch 1, {prof.shape}; llamacpp: the whole GGUF in llama.cpp):",
+        markdown_table(table, list(table[0])),
     ]
     return "\n".join(lines)
+
+
+def _backend(model, model_dir: Path, torch_cost, remeasure: bool):
+    """(one line: the runtime ``load(backend="auto")`` takes for this model and why, llama.cpp's
+    measured curve or None)."""
+    from paradec.config import ModelConfig
+    from paradec.cpu import llamacpp_cost
+    from paradec.models.gguf import is_gguf
+    from paradec.models.llamacpp import INSTALL, LlamaCppModel, available
+
+    if not is_gguf(model):
+        return "torch (llama.cpp runs GGUF files; this model is a directory)", None
+    if not available():
+        return f"torch (llama-cpp-python is not installed; {INSTALL} adds llama.cpp's kernels)", None
+    lc = LlamaCppModel(model, ModelConfig.from_dir(model_dir), torch.get_num_threads())
+    cost, _, _ = llamacpp_cost(lc, paradec_home(), remeasure)
+    ms, torch_ms = cost.predict(1) * 1e3, torch_cost.predict(1) * 1e3
+    pick = "llamacpp" if ms < torch_ms else "torch"
+    return (f"auto, for `ar`: {pick} (llama.cpp's `ar` step {ms:.0f} ms, torch's {torch_ms:.0f} ms); drafting "
+            "methods run on torch (llama.cpp's batched logits are not its single-token ones); a llama.cpp pass of "
+            f"2 / 4 / 8 tokens costs {' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8))} of its `ar` steps"), cost

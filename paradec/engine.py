@@ -10,18 +10,21 @@ proposes trees and the acceptance rule (``paradec.verify``).
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
-from paradec.config import GenerationConfig, SamplingConfig, SpecConfig
+from paradec.config import GenerationConfig, ModelConfig
 from paradec import methods
 from paradec.draft import Drafter
-from paradec.cpu import DTYPES, FormatChoice, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
+from paradec.cpu import DTYPES, FormatChoice, PassCost, choose_format, llamacpp_cost  # noqa: F401 (DTYPES: re-exported)
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
-from paradec.models.gguf import resolve_model
+from paradec.models.gguf import is_gguf, paradec_home, resolve_model
+from paradec.models.llamacpp import BACKENDS, LlamaCppModel, available as llamacpp_available
 from paradec.models.eagle import EagleHead, load_eagle
 from paradec.models.heads import Heads, load_heads
 from paradec.models.quant import QUANTS, quantize_linears
@@ -47,7 +50,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.model_dir = model_dir
-        self.device = model.embed.weight.device
+        self.device = torch.device("cpu") if model.backend == "llamacpp" else model.embed.weight.device
         self.drafts: list[Transformer] = []
         self.heads: Heads | None = None
         self.eagle: EagleHead | None = None  # EAGLE's draft head (shares this model's embedding and LM head)
@@ -154,20 +157,10 @@ class Engine:
     def config(self, method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
                ignore_eos: bool = False, **spec) -> GenerationConfig:
-        """The frozen ``GenerationConfig`` for these options (validated)."""
-        if isinstance(stop, str):  # one stop string, not its characters
-            stop = [stop]
-        registered = methods.get(method)
-        spec = {**registered.options, **spec}
-        if "expansion" in spec:
-            spec["expansion"] = tuple(int(k) for k in spec["expansion"])
-        try:
-            spec_cfg = SpecConfig(**spec)
-        except TypeError as exc:
-            raise TypeError(f"unexpected option: {exc}") from None
-        sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
-        gen = GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
-        registered.check(self, gen)
+        """The frozen ``GenerationConfig`` for these options (validated, against this engine too)."""
+        gen = methods.generation_config(method, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos,
+                                        **spec)
+        methods.get(method).check(self, gen)
         return gen
 
     def warmup(self) -> None:
@@ -176,7 +169,8 @@ class Engine:
         vocab = self.model.config.vocab_size
         ids = [t % vocab for t in (11, 12, 13) * 4]
         self.generate(ids, max_new_tokens=2, ignore_eos=True)
-        self.generate(ids, method="pld", max_new_tokens=4, ignore_eos=True)
+        if self.model.backend in methods.get("pld").backends:
+            self.generate(ids, method="pld", max_new_tokens=4, ignore_eos=True)
 
     # ---- the loop (paradec.scheduler) ------------------------------------------------------
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter: Drafter | None = None) -> Iterator[StepEvent]:
@@ -184,10 +178,12 @@ class Engine:
         drafter = drafter or methods.get(gen.method).drafter(self, gen)
         max_len = max(len(r.tokens) + r.budget for r in rows) + 1  # budgets are capped at the context
         scheduler = Scheduler(self, len(rows), max_len + drafter.max_nodes, self.budget)
-        scheduler.admit(rows, gen, drafter)
+        group = scheduler.admit(rows, gen, drafter)
         while scheduler.groups:
             for _, event in scheduler.step():
                 yield event
+        if group.error is not None:
+            raise RuntimeError(f"decoding failed: {group.error}")
 
     # ---- edges ------------------------------------------------------------------------------
     def _encode(self, prompt: str | list[int] | list[dict], chat: bool) -> list[int]:
@@ -253,7 +249,8 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
          drafts: list[str | Path] = (), heads: str | Path | None = None, eagle: str | Path | None = None,
          exact: bool = True,
          quant: str = "auto", quant_head: str | None = None, threads: int | None = None,
-         warmup: bool = True, batch_budget: bool = True, cost: PassCost | None = None) -> Engine:
+         warmup: bool = True, batch_budget: bool = True, cost: PassCost | None = None,
+         backend: str | None = None, methods_used: tuple[str, ...] | None = None) -> Engine:
     """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
     ``specinfer``) into an ``Engine``. ``exact`` (default): decode and verification passes use
     shape-invariant numerics, so every lossless method's greedy tokens equal `ar`'s in bf16 too
@@ -273,6 +270,13 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
     ``threads``: torch's CPU threads (default: torch's own choice, the physical cores).
     ``batch_budget``: in a batch, cut greedy draft chains to the width ProPD's cost model finds
     pays (``policy.budget``); False verifies every chain in full.
+    ``backend``: the runtime of the target's passes. "torch" (paradec's own), "llamacpp"
+    (llama.cpp's kernels on a GGUF file as it is: ``models.llamacpp``; method ar only, as its
+    batched logits are not its single-token ones), or "auto" (the default, or
+    ``$PARADEC_BACKEND``): llamacpp when llama-cpp-python is installed, the model is a GGUF file,
+    ``methods_used`` (the methods the caller will run; None: any) all run there, nothing that
+    needs torch is asked for (drafts, heads, eagle, an explicit dtype or quant) and its measured
+    `ar` step is cheaper than torch's best format's on this CPU; otherwise torch.
     ``warmup``: run a few tiny passes (an `ar` step and a verified tree) so the first request does
     not pay for kernel set-up.
 
@@ -295,8 +299,49 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
         raise ParadecError(f"quant={quant} uses torch's packed CPU kernels; use device=cpu or quant=none")
     if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
         drafts = [drafts]
+    backend = backend or os.environ.get("PARADEC_BACKEND") or "auto"
+    if backend not in BACKENDS:
+        raise ParadecError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    source = Path(model_dir)
+    torch_only = [what for what, asked in (("drafts", bool(drafts)), ("heads", heads is not None),
+                                           ("eagle", eagle is not None), ("dtype", dtype != "auto"),
+                                           ("quant", quant != "auto" or quant_head is not None),
+                                           ("device", device != "cpu"), ("exact=False", not exact)) if asked]
+    elsewhere = [m for m in methods_used or () if "llamacpp" not in methods.get(m).backends]
+    if elsewhere:
+        torch_only.append(f"method {', '.join(elsewhere)}")
+    if backend == "llamacpp":
+        if not is_gguf(source):
+            raise ParadecError("the llamacpp backend runs a GGUF file; pass model=FILE.gguf, or backend=torch")
+        if torch_only:
+            raise ParadecError(f"the llamacpp backend cannot take {', '.join(torch_only)} (llama.cpp runs the GGUF's "
+                               f"own format on the CPU, `ar` only, with no drafts or heads); drop them or use "
+                               f"backend=torch")
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
     choice = choose_format(model_dir, dtype, quant, device, exact)
+    if backend == "auto":
+        backend = "torch"
+        if is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available():
+            lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
+            lc_cost, lc_path, _ = llamacpp_cost(lc, paradec_home())
+            if lc_cost.predict(1) < choice.cost.predict(1):
+                backend = "llamacpp"
+                choice = replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=(
+                    f"auto: llama.cpp's `ar` step {lc_cost.predict(1) * 1e3:.0f} ms < torch {choice.name}'s "
+                    f"{choice.cost.predict(1) * 1e3:.0f} ms on this CPU"), profile_path=lc_path)
+    elif backend == "llamacpp":
+        lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
+        lc_cost, lc_path, _ = llamacpp_cost(lc, paradec_home())
+        choice = replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason="asked for (backend=llamacpp)",
+                         profile_path=lc_path)
+    if backend == "llamacpp":
+        engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
+        engine.quant, engine.format = "gguf", choice
+        engine.cost = cost or choice.cost
+        engine.budget = BatchBudget(engine.cost) if batch_budget else None
+        if warmup:
+            engine.warmup()
+        return engine
     model = load_model(model_dir, choice.dtype, device)
     model.set_exact(exact)
     quantize_linears(model, choice.quant, quant_head)

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
 from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_LOOKUP_MIN_NGRAM, EAGLE_TREE_NODES, PLD_DRAFT,
-                            GenerationConfig)
+                            GenerationConfig, SamplingConfig, SpecConfig)
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
 from paradec.cpu import PassCost
@@ -55,6 +55,8 @@ class Method:
     options: Mapping[str, object] = field(default_factory=dict)  # SpecConfig defaults this method sets
     acceptors: tuple[str, ...] = ACCEPTORS  # sampling acceptors it supports (greedy: always exact match)
     lossless: bool = True  # greedy output == `ar`'s; sampled output distributed as the target's
+    # the target runtimes it runs on: llama.cpp's runs `ar` only (models.llamacpp: its batches are not exact)
+    backends: tuple[str, ...] = ("torch",)
 
     def __post_init__(self) -> None:
         if (self.drafter is None) == (self.decode is None):
@@ -74,6 +76,11 @@ class Method:
 
     def check(self, target: Target, gen: GenerationConfig) -> None:
         """Raise a ``ParadecError`` naming what is missing for this call."""
+        backend = target.model.backend
+        if backend not in self.backends:
+            raise ParadecError(f"method {self.name} runs on the {' or '.join(self.backends)} backend, not {backend} "
+                               f"(llama.cpp's batched logits are not its single-token ones, so a draft verified "
+                               f"there could change the text); load the model with backend=torch (--backend torch)")
         missing = self.missing(target)
         if "drafts" in missing:
             raise ParadecError(f"method {self.name} needs draft models; load them (drafts=PATH)")
@@ -84,10 +91,35 @@ class Method:
         if gen.spec.prune and (target.heads is None or target.heads.early is None):
             raise ParadecError(f"method {self.name} prunes with an early head and these heads have none "
                                "(set prune=False)")
+        self.check_options(gen)
+
+    def check_options(self, gen: GenerationConfig) -> None:
+        """What can be checked of ``gen`` with no model loaded."""
         if not gen.sampling.greedy and gen.spec.acceptor not in self.acceptors:
             raise ParadecError(f"method {self.name} samples with {' or '.join(self.acceptors) or 'no acceptor'}; "
                                f"acceptor {gen.spec.acceptor!r} is not one of them"
                                + ("" if self.acceptors else " (it decodes greedily: set temperature=0)"))
+
+
+def generation_config(method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                      top_p: float = 1.0, seed: int | None = None, stop: list[str] | str | None = None,
+                      ignore_eos: bool = False, **spec) -> GenerationConfig:
+    """The frozen ``GenerationConfig`` of these options, validated as far as no model is needed
+    (the CLI calls it before loading one, so a bad flag fails in a second, not after the load)."""
+    if isinstance(stop, str):  # one stop string, not its characters
+        stop = [stop]
+    registered = get(method)
+    spec = {**registered.options, **spec}
+    if "expansion" in spec:
+        spec["expansion"] = tuple(int(k) for k in spec["expansion"])
+    try:
+        spec_cfg = SpecConfig(**spec)
+    except TypeError as exc:
+        raise TypeError(f"unexpected option: {exc}") from None
+    sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
+    gen = GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
+    registered.check_options(gen)
+    return gen
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -171,7 +203,7 @@ def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
     like ProPD's policy: it describes this model on this machine)."""
     spec = gen.spec
     cost = None
-    if spec.dynamic:
+    if spec.dynamic and not spec.deterministic:  # deterministic: the fixed size, so a seed fixes the text
         key = ("eagle", id(target.eagle))
         cost = target.policies.setdefault(key, EagleCostModel(curve=target.cost))
     nodes = spec.tree_nodes if spec.tree_nodes is not None else EAGLE_TREE_NODES
@@ -193,8 +225,11 @@ def _aspd_stream(engine, prompt: list[int], gen: GenerationConfig):
 
 
 PROPD = {"prune": True, "dynamic": True}
+BOTH = ("torch", "llamacpp")
 for _m in (
-    Method("ar", "autoregressive: one target pass per token (the reference)", drafter=_root),
+    # it drafts nothing: the exact acceptors sample its bonus token from p; typical's lossy rule has nothing to do
+    Method("ar", "autoregressive: one target pass per token (the reference)", drafter=_root, backends=BOTH,
+           acceptors=("mss", "naive")),
     Method("specinfer", "SpecInfer: SSM token trees (expansion), merged, verified in one pass",
            drafter=_specinfer, needs=("drafts",)),
     Method("specinfer+ngram", "SpecInfer with prompt lookup merged into the SSM tree",

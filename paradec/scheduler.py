@@ -35,6 +35,12 @@ from paradec.verify.prune import pruned_pass
 from paradec.verify.typical import accept_typical
 
 
+# prompt tokens per prefill pass of a long prompt: a prompt is cut into the same chunks whoever
+# runs it (so its K/V, and its text, do not depend on what else the server is doing); a server
+# prefills one chunk per step, so a long prompt delays the others' steps by one chunk's pass at most
+PREFILL_CHUNK = 256
+
+
 @dataclass(eq=False)
 class Group:
     """Rows submitted together: one drafter, one generation config, consecutive cache rows."""
@@ -45,6 +51,10 @@ class Group:
     first: int = 0  # its first cache row
     start: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # its owner is gone (a client disconnected): it leaves at the next step
+    error: str | None = None  # what failed in this group alone (its sampling, its drafter): it has left
+    ready: bool = False  # prefilled: it decodes at every step
+    filled: list[int] = field(default_factory=list)  # per row: prompt tokens in the cache so far
+    parts: list[list[torch.Tensor]] = field(default_factory=list)  # per row: normed hidden of those, by chunk
 
     @property
     def done(self) -> bool:
@@ -56,11 +66,15 @@ class Scheduler:
 
     ``target``: the engine (model, heads, tokenizer). Not thread-safe: one thread steps it."""
 
-    def __init__(self, target, capacity: int, max_len: int, budget: BatchBudget | None = None) -> None:
+    def __init__(self, target, capacity: int, max_len: int, budget: BatchBudget | None = None,
+                 interleave_prefill: bool = False) -> None:
         self.target = target
         self.cache = target.model.new_cache(capacity, max_len, live=0)
-        self.groups: list[Group] = []
+        self.groups: list[Group] = []  # in cache-row order
         self.budget = budget  # cuts greedy trees to the width that pays (``policy.budget``)
+        # a server: a long prompt is prefilled one chunk per step, between the decode steps of the
+        # others, instead of stopping them for its whole prefill
+        self.interleave_prefill = interleave_prefill
 
     @property
     def free_rows(self) -> int:
@@ -72,54 +86,110 @@ class Scheduler:
         return need <= self.cache.max_len
 
     def admit(self, rows: list[Row], gen: GenerationConfig, drafter: Drafter) -> Group:
-        """Prefill ``rows`` (alone, in free cache rows) and start their drafter; they join the
-        next step."""
+        """Take ``rows`` into free cache rows, prefill them (alone) and start their drafter; they
+        join the next step. With ``interleave_prefill``, a prompt longer than one chunk is
+        prefilled by the coming steps instead, one chunk each."""
         if len(rows) > self.free_rows or not self.fits(rows, drafter):
             raise RuntimeError("the rows do not fit the cache (check free_rows and fits first)")
-        group = Group(rows, gen, drafter, self.cache.add_rows(len(rows)))
-        with torch.inference_mode(), self.cache.rows(group.first, len(rows)) as cache:
-            h = prefill(self.target.model, rows, cache)
-            features = None if h is None else self.target.model.norm(h)
+        group = Group(rows, gen, drafter, self.cache.add_rows(len(rows)), filled=[0] * len(rows),
+                      parts=[[] for _ in rows])
+        later = self.interleave_prefill and max(len(r.tokens) for r in rows) - 1 > PREFILL_CHUNK
+        self.groups.append(group)
+        if not later:
+            self._prefill(group, whole=True)
+        return group
+
+    def _prefill(self, group: Group, whole: bool) -> None:
+        """Prefill ``group``: every row in one pass when each prompt fits one chunk, else row by row
+        in chunks of PREFILL_CHUNK tokens (the same chunks whoever asks, so a prompt's K/V do not
+        depend on the load), all of them (``whole``) or the next one. Ready: its drafter begins."""
+        model, rows = self.target.model, group.rows
+        with torch.inference_mode():
+            if max(len(r.tokens) for r in rows) - 1 <= PREFILL_CHUNK:
+                with self.cache.rows(group.first, len(rows)) as cache:
+                    h = prefill(model, rows, cache)
+                features = None if h is None else model.norm(h)
+            else:
+                for i, row in enumerate(rows):
+                    while group.filled[i] < len(row.tokens) - 1:
+                        start = group.filled[i]
+                        end = min(start + PREFILL_CHUNK, len(row.tokens) - 1)
+                        with self.cache.rows(group.first + i, 1) as cache:
+                            h = prefill_span(model, row.tokens[start:end], cache)
+                        if h is not None:
+                            group.parts[i].append(model.norm(h)[0])
+                        group.filled[i] = end
+                        if not whole and any(f < len(r.tokens) - 1 for f, r in zip(group.filled, rows)):
+                            return  # more chunks at the next steps; the last one's step makes it ready
+                features = None
+                if any(group.parts):  # right-padded [rows, longest prompt - 1, hidden], as one pass gives it
+                    ref = next(p[0] for p in group.parts if p)
+                    feats = [torch.cat(p) if p else ref.new_zeros(0, ref.shape[-1]) for p in group.parts]
+                    features = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+                group.parts = []
         max_len = max(len(r.tokens) + r.budget for r in rows) + 1
-        drafter.begin([r.tokens for r in rows], max_len, features)
+        group.drafter.begin([r.tokens for r in rows], max_len, features)
         prefill_s = time.perf_counter() - group.start
         for row in rows:
             row.stats.prefill_s = prefill_s
-        self.groups.append(group)
-        return group
+        group.ready = True
 
     def step(self) -> Iterator[tuple[Group, StepEvent]]:
-        """One decode step of every live group: propose -> verify (one target pass) -> accept ->
+        """One decode step of every ready group: propose -> verify (one target pass) -> accept ->
         commit -> observe. Yields (group, event) per row that committed tokens; then groups that
-        are done leave (their cache rows are freed)."""
+        are done leave (their cache rows are freed). The oldest group still being prefilled gets
+        its next chunk first; until it is ready its rows ride along in the pass as a root whose K/V
+        is dropped. What fails in one group alone (its sampling, its drafter) ends that group with
+        ``error`` set; the others go on."""
         self._leave()
-        if not self.groups:
+        pending = next((g for g in self.groups if not g.ready), None)
+        if pending is not None:
+            self._prefill(pending, whole=False)
+        ready = [g for g in self.groups if g.ready]
+        if not ready:
             return
+        batch = self.cache.batch
         t_step = time.perf_counter()
         with torch.inference_mode():
             proposals: list[Proposal] = []
             for g in self.groups:
+                if not g.ready:  # a placeholder row: its logits are not read, its K/V not kept
+                    proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
+                    continue
                 t_draft = time.perf_counter()
-                proposals += g.drafter.propose([r.tokens for r in g.rows], [r.generator for r in g.rows])
+                try:
+                    proposals += g.drafter.propose([r.tokens for r in g.rows], [r.generator for r in g.rows])
+                except Exception as exc:  # noqa: BLE001 (the group ends with the error; the pass goes on)
+                    self._fail(g, exc)
+                    proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
                 if self.budget is not None and max(len(p.tree) for p in proposals[g.first:]) > 1:
                     self.budget.observe_draft(g.gen.method, time.perf_counter() - t_draft)
             drafted = [len(p.tree) for p in proposals]
-            proposals, trees, width = self._cut(proposals)
+            proposals, trees, width = self._cut(proposals, self.groups)
             if trees is not None:  # the next proposals need reach no further than this width (+1), or nowhere
                 width = self.budget.next_width(trees, width)
-            for g in self.groups:
+            for g in ready:
                 g.drafter.set_width(width if trees is not None and not g.gen.spec.dynamic else None)
             t_fwd = time.perf_counter()
-            ver = self._verify(proposals)
+            ver = self._verify(proposals, ready)
             if ver.logits.device.type == "cuda":
                 torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
             t_fwd = time.perf_counter() - t_fwd
             if trees is not None:
                 self.budget.observe_pass(len(proposals) * max(len(p.tree) for p in proposals), t_fwd)
-            batch = self.cache.batch
             for g in self.groups:
+                if not g.ready:
+                    for i in range(len(g.rows)):
+                        self.cache.drop_scratch(g.first + i)
+                    continue
+                if g.error is not None:
+                    continue
                 span = slice(g.first, g.first + len(g.rows))
-                verdicts = self._accept(ver.proposals[span], ver.logits[span], g.rows, g.gen)
+                try:
+                    verdicts = self._accept(ver.proposals[span], ver.logits[span], g.rows, g.gen)
+                except Exception as exc:  # noqa: BLE001 (its own sampling settings failed: it alone ends)
+                    self._fail(g, exc)
+                    continue
                 for i, (row, verdict) in enumerate(zip(g.rows, verdicts)):
                     if row.done:
                         continue
@@ -138,6 +208,10 @@ class Scheduler:
                                     time.perf_counter() - t_step, ver.early_top is not None)
         self._leave()
 
+    @staticmethod
+    def _fail(g: Group, exc: Exception) -> None:
+        g.error, g.cancelled = f"{type(exc).__name__}: {exc}", True
+
     def _commit(self, g: Group, i: int, ver: Verification, verdict: Verdict) -> list[int]:
         b, row = g.first + i, g.rows[i]
         prop = ver.proposals[b]
@@ -145,7 +219,7 @@ class Scheduler:
         committed = self._append(row, accepted + [verdict.bonus], g.gen)
         nodes = verdict.nodes[: len(committed)]  # EOS / budget may cut the path
         self.cache.commit(b, [ver.slot(b, n) for n in nodes])
-        g.drafter.commit(i, accepted, verdict.bonus, ver.hidden[b, verdict.nodes])
+        g.drafter.commit(i, accepted, verdict.bonus, None if ver.hidden is None else ver.hidden[b, verdict.nodes])
         if ver.early_top is not None:
             # was the target's next token in the early head's top-k at the last node?
             top = ver.early_top[b].get(ver.slot(b, verdict.nodes[-1]))
@@ -164,32 +238,32 @@ class Scheduler:
                     later.first -= len(g.rows)
 
     # ---- the pieces of a step ---------------------------------------------------------------
-    def _cut(self, proposals: list[Proposal]) -> tuple[list[Proposal], list | None, int]:
+    def _cut(self, proposals: list[Proposal], groups: list[Group]) -> tuple[list[Proposal], list | None, int]:
         """With a budget and every group greedy: each row's tree cut to the width the budget
         chooses for the pass (groups whose drafter sizes its own trees keep them whole). ->
         (proposals, the rows' (method, proposed nodes) or None when nothing was decided, the width)."""
         widest = max(len(p.tree) for p in proposals)
-        if self.budget is None or not all(g.gen.sampling.greedy for g in self.groups):
+        if self.budget is None or not all(g.gen.sampling.greedy for g in groups):
             return proposals, None, widest
         if widest == 1:  # nothing drafted: the drafters may look one node further again
             return proposals, [], 1
-        sized = [b for g in self.groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))]
+        sized = [b for g in groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))]
         if len(sized) == len(proposals):
             return proposals, None, widest
-        trees = [(g.gen.method, len(p.tree) - 1) for g in self.groups
+        trees = [(g.gen.method, len(p.tree) - 1) for g in groups
                  for p in proposals[g.first: g.first + len(g.rows)]]
         cuttable = [t for b, t in enumerate(trees) if b not in sized]
         width = max([self.budget.choose(cuttable)] + [len(proposals[b].tree) for b in sized])
         return [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)], trees, width
 
-    def _verify(self, proposals: list[Proposal]) -> Verification:
+    def _verify(self, proposals: list[Proposal], groups: list[Group]) -> Verification:
         """One target pass over every row's tree, pruned inside the pass (ProPD) when every group
         prunes with the same top-k and every policy says pruning pays this step; pruning only
         drops candidates, so a pass over a mixed batch may also skip it."""
         heads = self.target.heads
-        specs = [g.gen.spec for g in self.groups]
+        specs = [g.gen.spec for g in groups]
         if (all(s.prune for s in specs) and len({s.prune_topk for s in specs}) == 1
-                and all(g.drafter.prune_next for g in self.groups) and heads is not None
+                and all(g.drafter.prune_next for g in groups) and heads is not None
                 and heads.early is not None and max(len(p.tree) for p in proposals) > 1):
             return Verification(*pruned_pass(self.target.model, heads.early, heads.early_layer, specs[0].prune_topk,
                                              proposals, self.cache))
@@ -235,6 +309,9 @@ class Scheduler:
 def prefill(model, rows: list[Row], cache) -> torch.Tensor | None:
     """Put every token but the root of each row into ``cache`` (right-padded batch). Returns
     their hidden states [rows, width, hidden] (not normed), None when there are none."""
+    if model.backend != "torch":  # llama.cpp (models.llamacpp): logits only, no hidden states
+        model.prefill([r.tokens for r in rows], cache)
+        return None
     lengths = [len(r.tokens) - 1 for r in rows]
     width = max(lengths)
     if width == 0:
@@ -252,9 +329,26 @@ def prefill(model, rows: list[Row], cache) -> torch.Tensor | None:
     return h
 
 
+def prefill_span(model, tokens: list[int], cache) -> torch.Tensor | None:
+    """Put ``tokens`` into a one-row ``cache`` after what it holds (a chunk of a long prompt).
+    Returns their hidden states [1, n, hidden] (not normed), None from a runtime without them."""
+    if model.backend != "torch":
+        model.append(0, tokens, cache)
+        return None
+    start, n = cache.lengths[0], len(tokens)
+    pos = torch.arange(start, start + n)[None]
+    mask = torch.cat([torch.ones(n, start, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
+    dev = model.embed.weight.device
+    h = model.hidden(torch.tensor([tokens], device=dev), pos.to(dev), mask[None, None].to(dev), cache, prefill=True)
+    cache.advance(0, n)
+    return h
+
+
 def verify_forward(model, trees: list, cache) -> tuple[torch.Tensor, torch.Tensor]:
     """One target pass over one tree per cache row: logits [batch, width, vocab], final-normed
-    hidden [batch, width, hidden]."""
+    hidden [batch, width, hidden] (None from a runtime that gives logits only)."""
+    if model.backend != "torch":
+        return model.verify(trees, cache), None
     width = max(len(t) for t in trees)
     rows = [ScratchTree.from_tree(t, width) for t in trees]
     tokens, pos, mask = pass_tensors(rows, 0, width, cache.lengths)

@@ -94,7 +94,7 @@ class Verification:
 
     proposals: list[Proposal]  # as verified (pruning may have dropped nodes)
     logits: torch.Tensor  # [batch, width, vocab]
-    hidden: torch.Tensor  # [batch, width, hidden] final-normed
+    hidden: torch.Tensor | None  # [batch, width, hidden] final-normed (None: a runtime that gives logits only)
     slot_maps: list[list[int]] | None = None  # per row, each verified node's scratch slot (None: node i = slot i)
     early_top: list[dict[int, list[int]]] | None = None  # pruned passes: per row {scratch slot: early top-k}
 

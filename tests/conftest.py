@@ -15,8 +15,11 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="session", autouse=True)
 def _session_paradec_home(tmp_path_factory):
     """Converted GGUF models are cached in a directory of this test session (subprocesses
-    inherit it), so the default model is converted once per run and never in ~/.cache."""
+    inherit it), so the default model is converted once per run and never in ~/.cache. The
+    target runtime is paradec's own unless a test asks for llama.cpp (tests/test_llamacpp.py), so a
+    test's subject does not depend on whether llama-cpp-python is installed."""
     os.environ["PARADEC_HOME"] = str(tmp_path_factory.mktemp("paradec_home"))
+    os.environ["PARADEC_BACKEND"] = "torch"
 
 # family, kwargs: MHA untied, GQA tied, Qwen2 (qkv bias) with GQA, Mistral with GQA, llama3 RoPE scaling
 VARIANTS = {

@@ -47,6 +47,9 @@ HF = ("hf", "hf-assisted", "hf-pld")
 # methods lossless with respect to another method rather than to `ar` (checked when both run)
 SAME_TOKENS_AS = {"aspd+spec": "aspd"}
 LLAMACPP = ("llamacpp", "llamacpp-pld")
+# what may follow a method's "@": a weight format of paradec's torch runtime, or llama.cpp as the
+# runtime of the target's passes (models.llamacpp: ar@llamacpp)
+RUNTIMES = ("auto", *QUANTS, "llamacpp")
 
 
 def bench_methods() -> tuple[str, ...]:
@@ -119,10 +122,16 @@ class BenchConfig:
     def __post_init__(self) -> None:
         known = bench_methods()
         unknown = [m for m in self.methods if split_method(m)[0] not in known or
-                   (split_method(m)[0] in PEERS and "@" in m) or split_method(m)[1] not in ("auto", *QUANTS)]
+                   (split_method(m)[0] in PEERS and "@" in m) or split_method(m)[1] not in RUNTIMES]
         if unknown:
             raise ParadecError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)} "
-                               f"(a registered method may end in @{'|@'.join(QUANTS)})")
+                               f"(a registered method may end in @{'|@'.join(RUNTIMES[1:])})")
+        if any(split_method(m)[1] == "llamacpp" for m in self.methods) and not self.model.endswith(".gguf"):
+            raise ParadecError("@llamacpp runs a GGUF file with llama.cpp; pass model=FILE.gguf")
+        for m in self.methods:
+            base, runtime = split_method(m)
+            if runtime == "llamacpp" and base not in PEERS and "llamacpp" not in methods.get(base).backends:
+                raise ParadecError(f"{base} runs on the torch backend only; drop @llamacpp from {m}")
         if any(m in LLAMACPP for m in self.methods) and not self.model.endswith(".gguf"):
             raise ParadecError("llamacpp runs a GGUF file; pass model=FILE.gguf")
         if self.batch_size < 1 or self.repeats < 1 or self.max_new_tokens < 1:
@@ -154,7 +163,11 @@ class Runners:
         # --tree-nodes N compares drafters at one fixed tree size: the draft budget must not cut them
         self.engines = {q: load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
                                 heads=cfg.heads, eagle=cfg.eagle, exact=cfg.exact, quant=q, quant_head=cfg.quant_head,
-                                threads=cfg.threads, batch_budget=cfg.tree_nodes is None) for q in quants}
+                                threads=cfg.threads, batch_budget=cfg.tree_nodes is None, backend="torch")
+                        for q in quants if q != "llamacpp"}
+        if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
+            self.engines["llamacpp"] = load(cfg.model, threads=cfg.threads, batch_budget=cfg.tree_nodes is None,
+                                            backend="llamacpp")
         self.engine = self.engines[cfg.quant]
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.base = None  # an ASPD adapter's base model: `base-ar`, and the NLL reference nll_base
@@ -317,11 +330,12 @@ def encode_prompts(engine, prompts: list[Prompt], cfg: BenchConfig) -> list[tupl
             out.append((p, tok.encode(p.text)))
             continue
         messages: list[dict] = []
-        for t, turn in enumerate(p.turns[:1] if cfg.first_turn else p.turns):
+        turns = p.turns[:1] if cfg.first_turn else p.turns
+        for t, turn in enumerate(turns):
             messages.append({"role": "user", "content": turn})
             ids = tok.encode_messages(messages)
             out.append((p if t == 0 else Prompt(f"{p.id}/turn{t + 1}", p.category, turn, p.turns), ids))
-            if t + 1 < len(p.turns):
+            if t + 1 < len(turns):  # a later turn follows this answer (--first-turn: none)
                 answer = engine.generate(ids, max_new_tokens=cfg.max_new_tokens).text
                 messages.append({"role": "assistant", "content": answer})
     return out

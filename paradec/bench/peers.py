@@ -12,6 +12,7 @@ from paradec.errors import ParadecError
 
 LLAMACPP_PLD_TOKENS = 10  # llama-cpp-python's LlamaPromptLookupDecoding default
 HF_PLD_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
+CONTEXT = 4096  # llama.cpp's context for a bench prompt and its answer
 
 
 class HFPeer:
@@ -63,8 +64,11 @@ class LlamaCppPeer:
         self.llms = {}
         for name in methods:
             draft = LlamaPromptLookupDecoding(num_pred_tokens=LLAMACPP_PLD_TOKENS) if name == "llamacpp-pld" else None
-            self.llms[name] = Llama(gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, draft_model=draft,
-                                    verbose=False, seed=seed)
+            # with a draft model, llama-cpp-python keeps the scores of one batch only: a prompt longer than
+            # n_batch fails in its eval (0.3.36), so the batch holds the whole context there
+            batch = CONTEXT if draft is not None else 512
+            self.llms[name] = Llama(gguf, n_ctx=CONTEXT, n_batch=batch, n_threads=threads, n_threads_batch=threads,
+                                    draft_model=draft, verbose=False, seed=seed)
         self.eos, self.max_new_tokens, self.stop_at_eos = eos, max_new_tokens, stop_at_eos
 
     def run(self, method: str, batch: list[list[int]]) -> list[list[int]]:

@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--json", action="store_true", help="print one JSON object")
 
     b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
-    add_model_args(b)
+    add_model_args(b, backend=False)  # a method's runtime is its name's: ar@llamacpp
     b.add_argument("--methods", default="ar,hf,pld", help="comma-separated: " + ", ".join(_bench_methods()))
     b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz), text, "
                    "or stdlib:heldout (code followed by independent functions, for aspd)")
@@ -187,10 +187,11 @@ def _generation_options(args: argparse.Namespace) -> dict:
 def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
 
+    methods.generation_config(**_generation_options(args))  # bad options fail now, not after the load
     model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads, eagle=eagle,
                           exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
-                          threads=args.threads)
+                          threads=args.threads, backend=args.backend, methods_used=(args.method,))
     kwargs = dict(_generation_options(args), chat=args.chat)
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
@@ -206,10 +207,16 @@ def cmd_chat(args: argparse.Namespace) -> None:
     import paradec
     from paradec.chat import chat_loop
 
+    methods.generation_config(**_generation_options(args))  # bad options fail now, not after the load
+    if args.system is not None:
+        try:
+            args.system.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ParadecError("--system is not valid UTF-8 text; pass UTF-8") from None
     model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
     engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads, eagle=eagle,
                           exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
-                          threads=args.threads)
+                          threads=args.threads, backend=args.backend, methods_used=(args.method,))
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
           file=sys.stderr)
     chat_loop(engine, _generation_options(args), args.system)
@@ -219,10 +226,9 @@ def cmd_convert(args: argparse.Namespace) -> None:
     from paradec.models.gguf import convert_gguf
 
     out = Path(args.out)
+    writable_dir(out, "OUT_DIR")  # a file in the way, or no permission: before the conversion, not after it
     if out.exists() and any(out.iterdir()):
         raise ParadecError(f"{out} exists and is not empty; pass a new directory")
-    if out.parent.exists() and not out.parent.is_dir():
-        raise ParadecError(f"{out.parent} is not a directory; pass OUT_DIR under a directory")
     print(json.dumps({"out": str(convert_gguf(args.file, out))}))
 
 
@@ -245,6 +251,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from paradec.zoo import aspd_twin
 
     names = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not names:
+        raise ParadecError("--methods is empty; pass a comma-separated list, e.g. --methods ar,pld")
+    if args.per_category is not None and args.per_category < 1:
+        raise ParadecError("--per-category must be >= 1")
     needs = set().union(*(method_needs(m) for m in names))
     model, drafts, heads, eagle = model_and_drafters(args, needs, whole_pool=len(names) > 1)
     twin = args.twin

