@@ -150,6 +150,9 @@ def _normalize_rope_scaling(rs: dict | None, source: str) -> tuple | None:
     return tuple(sorted({**keep, "rope_type": kind}.items()))
 
 
+MIN_TEMPERATURE = 1e-5  # below it (and above 0) the scaled logits overflow float32: vLLM's greedy threshold
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is chosen. temperature 0 means greedy (argmax)."""
@@ -162,6 +165,9 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ParadecError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # logits / temperature would overflow to inf
+            raise ParadecError(f"temperature {self.temperature:g} is too small to sample with; use 0 for greedy "
+                               f"or >= {MIN_TEMPERATURE:g}")
         if self.top_k < 0:
             raise ParadecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from paradec.errors import ParadecError
+
+# placeholders for message contents in a rendered chat template (private-use characters)
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_MARK = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 
 
 @dataclass
@@ -15,6 +20,7 @@ class Tokenizer:
 
     hf: object
     eos_ids: frozenset[int] = field(default_factory=frozenset)
+    _controls: tuple[str, ...] | None = field(default=None, repr=False)
 
     @property
     def has_chat_template(self) -> bool:
@@ -36,8 +42,36 @@ class Tokenizer:
                                or m.get("role") not in ("system", "user", "assistant") for m in messages):
             raise ParadecError("messages must be a non-empty list of {'role': 'system'|'user'|'assistant', "
                                "'content': str} records")
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(self.hf(text, add_special_tokens=False).input_ids)
+        for m in messages:
+            try:
+                m["content"].encode("utf-8")
+            except UnicodeEncodeError:
+                raise ParadecError(f"a {m['role']} message is not valid UTF-8 text (it holds a lone surrogate or "
+                                   "undecodable bytes); send UTF-8") from None
+        if not any(s in m["content"] for m in messages for s in self.control_strings):
+            text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(self.hf(text, add_special_tokens=False).input_ids)
+        # Content that spells a control token ("<|im_end|>\n<|im_start|>system ...") is text, not
+        # markup (as vLLM's and llama.cpp's servers treat it): the template is rendered around
+        # placeholders, its own parts tokenized with their control tokens, each content as text.
+        marks = [{**m, "content": f"{_OPEN}{i}{_CLOSE}"} for i, m in enumerate(messages)]
+        text = self.hf.apply_chat_template(marks, add_generation_prompt=True, tokenize=False)
+        ids: list[int] = []
+        for j, part in enumerate(_MARK.split(text)):
+            if j % 2:
+                ids += self.hf(messages[int(part)]["content"], add_special_tokens=False,
+                               split_special_tokens=True).input_ids
+            elif part:
+                ids += self.hf(part, add_special_tokens=False).input_ids
+        return ids
+
+    @property
+    def control_strings(self) -> tuple[str, ...]:
+        """The text of every special or added token (``<|im_start|>``, ...)."""
+        if self._controls is None:
+            decoder = getattr(self.hf, "added_tokens_decoder", {}) or {}
+            self._controls = tuple({t.content for t in decoder.values() if t.content})
+        return self._controls
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)

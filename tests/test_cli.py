@@ -186,3 +186,30 @@ def test_aspd_extract_bad_input(tmp_path, content, needle):
               str(tmp_path / "out.jsonl"))
     assert out.returncode == 2 and needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["generate", "--temperature", "1e-300", "x"], "too small to sample"),
+    (["generate", "--method", "pld", "--temperature", "1e-45", "x"], "too small to sample"),
+    (["generate", "--method", "ar", "--acceptor", "typical", "--temperature", "0.8", "x"], "acceptor 'typical'"),
+    (["chat", "--system", os.fsdecode(b"caf\xe9 \xff")], "--system is not valid UTF-8"),
+    (["convert", "gguf", "x.gguf", "FILE"], "is a file, not a directory"),
+    (["bench", "--methods", "", "--prompts", "FILE", "--out", "OUT"], "--methods is empty"),
+    (["bench", "--methods", "ar", "--per-category", "0", "--prompts", "FILE", "--out", "OUT"],
+     "--per-category must be >= 1"),
+    (["train", "heads", "--target", "MODEL", "--out", "OUT", "--early-layer", "99"], "--early-layer 99"),
+    (["train", "target", "--tokenizer", "MODEL", "--out", "OUT", "--lr", "nan"], "--lr must be > 0"),
+    (["serve", "--model", "MODEL", "--max-batch", "100000000"], "GB of KV cache"),
+])
+def test_bad_flags_fail_before_any_model_is_loaded(tmp_path, llama_dir, args, needle):
+    """Each of these once gave a traceback, ran on, or failed only after a model load."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x\n")
+    args = [{"FILE": str(blocker), "MODEL": str(llama_dir), "OUT": str(tmp_path / "out")}.get(a, a) for a in args]
+    if args[0] == "generate":
+        args[1:1] = ["--model", str(llama_dir)]
+    out = run(*args)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()  # nothing half-written

@@ -4,6 +4,7 @@ thread, loopback only), continuous batching of mixed requests, disconnects, and 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -148,7 +149,7 @@ def test_concurrent_mixed_requests_equal_their_solo_runs(served, client, solo):
         results = [ok for oks in pool.map(one_client, range(16)) for ok in oks]
     bad = [r for r in results if r is not True]
     assert len(results) == 80 and not bad, f"{len(bad)} replies differ from their solo runs: {bad}"
-    metrics = httpx.get(served[0].url + "/metrics").text
+    metrics = httpx.get(served[0].url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     count = _metric(metrics, "paradec_batch_size_count")
     alone = _metric(metrics, 'paradec_batch_size_bucket{le="1.0"}')
     assert count > alone, "no pass verified more than one request"
@@ -164,8 +165,8 @@ def _metric(text: str, name: str) -> float:
 def test_disconnect_mid_stream_frees_the_row(served, client):
     server, worker = served
     body = {"model": NAME, "prompt": PROMPTS[2], "max_tokens": 200, "temperature": 0, "stream": True}
-    before = _metric(httpx.get(server.url + "/metrics").text, 'paradec_requests_total{outcome="cancelled"}') \
-        if "cancelled" in httpx.get(server.url + "/metrics").text else 0.0
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    before = _metric(metrics, 'paradec_requests_total{outcome="cancelled"}') if "cancelled" in metrics else 0.0
     with httpx.stream("POST", server.url + "/v1/completions", json=body,
                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
@@ -175,7 +176,8 @@ def test_disconnect_mid_stream_frees_the_row(served, client):
     while worker.jobs or worker.scheduler.groups:
         assert time.time() < deadline, "the disconnected request kept its row"
         time.sleep(0.02)
-    after = _metric(httpx.get(server.url + "/metrics").text, 'paradec_requests_total{outcome="cancelled"}')
+    after = _metric(httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text,
+                    'paradec_requests_total{outcome="cancelled"}')
     assert after == before + 1
     out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=4, temperature=0)
     assert out.usage.completion_tokens >= 1  # the server still serves
@@ -190,6 +192,13 @@ def test_disconnect_mid_stream_frees_the_row(served, client):
     ({"model": NAME, "prompt": "x", "method": "nope"}, 400),
     ({"model": NAME, "prompt": "x " * 400}, 400),  # longer than the context
     ({"model": NAME, "prompt": "x", "stop": 7}, 400),
+    ({"model": NAME, "prompt": "x", "temperature": 1e-300}, 400),  # once a 500 that failed every stream beside it
+    ({"model": NAME, "prompt": "x", "max_tokens": True}, 400),  # once accepted as 1
+    ({"model": NAME, "prompt": "x", "stream": "yes"}, 400),  # once accepted as true
+    ('{"model": "tiny", "prompt": "\\ud800"}', 400),  # a lone surrogate: once a plain-text 500
+    ('{"model": "tiny", "messages": [{"role": "user", "content": "\\udfff"}]}', 400),
+    (b'{"model": "tiny", "prompt": "\xff\xfe"}', 400),  # not UTF-8
+    ("chunked-too-large", 413),  # no Content-Length: once read whole (10 MB in 26 s) before the 400
     ({"model": "other", "prompt": "x"}, 404),
     ("wrong-key", 401),
     ("no-key", 401),
@@ -206,11 +215,14 @@ def test_bad_inputs_get_their_status_and_the_server_serves_on(served, client, ca
         body = {"model": NAME, "prompt": "x"}
     elif case == "too-large":
         body = {"model": NAME, "prompt": "x" * (2 << 20)}
-    content = body if isinstance(body, str) else json.dumps(body)
-    r = httpx.post(server.url + "/v1/completions", content=content, headers=headers, timeout=60)
+    elif case == "chunked-too-large":
+        body = (b"x" * 65536 for _ in range(40))  # a generator: sent chunked, with no Content-Length
+    content = body if isinstance(body, (str, bytes)) or case == "chunked-too-large" else json.dumps(body)
+    route = "/v1/chat/completions" if isinstance(body, str) and "messages" in body else "/v1/completions"
+    r = httpx.post(server.url + route, content=content, headers=headers, timeout=60)
     assert r.status_code == status, r.text
     error = r.json()["error"]
-    assert error["message"] and error["type"]
+    assert error["message"] and error["type"] and not (error["param"] or "x").isdigit()
     assert client.completions.create(model=NAME, prompt="x", max_tokens=2, temperature=0).choices[0].text is not None
 
 
@@ -232,3 +244,82 @@ def test_models_health_and_a_full_queue(llama_dir, drafters):
         assert (429, "1") in answers and (200, None) in answers
     finally:
         server.stop()
+
+
+def test_every_route_answers_in_openai_shape_and_asks_for_the_key(served):
+    server, _ = served
+    key = {"Authorization": f"Bearer {KEY}"}
+    for method, path, status in (("GET", "/v1/nope", 404), ("GET", "/v1/completions", 405), ("GET", "/nope", 404)):
+        r = httpx.request(method, server.url + path, headers=key)
+        assert r.status_code == status and r.json()["error"]["message"], r.text
+    for path in ("/metrics", "/openapi.json", "/v1/models"):  # the key guards every route but /health
+        assert httpx.get(server.url + path).status_code == 401
+    assert httpx.get(server.url + "/metrics", headers=key).status_code == 200
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 200
+    replica = health.headers["x-paradec-replica"]
+    assert socket.gethostname() not in replica and str(os.getpid()) not in replica
+
+
+def test_a_stalled_body_times_out(served, monkeypatch):
+    import paradec.serve.app as app_module
+
+    monkeypatch.setattr(app_module, "BODY_TIMEOUT_S", 0.5)
+    server, _ = served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode()
+                  + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+        reply = s.recv(4096).decode()
+    assert reply.startswith("HTTP/1.1 408"), reply
+
+
+def test_only_loopback_host_names_when_bound_to_the_loopback(llama_dir, drafters):
+    from paradec.serve.app import LOOPBACK_HOSTS
+
+    app = build_app(_engine(llama_dir, drafters), NAME, max_batch=1, allowed_hosts=LOOPBACK_HOSTS)
+    server = _Server(app)
+    try:
+        assert httpx.get(server.url + "/health").status_code == 200
+        assert httpx.get(f"http://localhost:{server.port}/health").status_code == 200
+        rebound = httpx.get(server.url + "/v1/models", headers={"Host": "attacker.example"})
+        assert rebound.status_code == 400 and "Host" in rebound.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_a_client_that_leaves_a_plain_request_cancels_it(llama_dir, drafters):
+    app = build_app(_engine(llama_dir, drafters), NAME, max_batch=2)
+    worker = app.state.worker
+    step = worker.scheduler.step
+
+    def slow_step():  # 200 tokens take ~10 s: the client leaves long before
+        time.sleep(0.05)
+        yield from step()
+
+    worker.scheduler.step = slow_step
+    server = _Server(app)
+    try:
+        body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": 200, "temperature": 0}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
+        deadline = time.time() + 5
+        while worker.jobs or worker.scheduler.groups:
+            assert time.time() < deadline, "a request whose client left kept decoding"
+            time.sleep(0.05)
+        metrics = httpx.get(server.url + "/metrics").text
+        assert _metric(metrics, 'paradec_requests_total{outcome="cancelled"}') == 1
+        deadline = time.time() + 5
+        while _metric(httpx.get(server.url + "/metrics").text, "paradec_running_requests") != 0:
+            assert time.time() < deadline, "paradec_running_requests stayed up while idle"
+            time.sleep(0.05)
+    finally:
+        server.stop()
+
+
+def test_a_seed_fixes_sampled_propd_through_the_server(served, client):
+    """ProPD sizes trees from the server's measured statistics; a seeded request uses its own."""
+    ask = dict(model=NAME, prompt=PROMPTS[1], max_tokens=24, temperature=0.8, seed=7, extra_body={"method": "propd"})
+    first = client.completions.create(**ask).choices[0].text
+    for p in PROMPTS:  # the server's shared statistics move meanwhile
+        client.completions.create(model=NAME, prompt=p, max_tokens=16, temperature=0, extra_body={"method": "propd"})
+    assert client.completions.create(**ask).choices[0].text == first

@@ -4,6 +4,7 @@ each resumable from its run directory."""
 from __future__ import annotations
 
 import argparse
+import math
 import json
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def _train_config(args: argparse.Namespace):
     for name in ("max_steps", "batch_size", "seq_len"):
         if getattr(args, name) < 1:
             raise ParadecError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.lr <= 0:
+    if not 0 < args.lr < math.inf:
         raise ParadecError("--lr must be > 0")
     return TrainConfig(seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
                        max_steps=args.max_steps, minutes=args.minutes, seed=args.seed,
@@ -141,6 +142,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         if args.num_heads < 1 or args.epochs < 1:
             raise ParadecError("--num-heads and --epochs must be >= 1")
+        if args.early_layer is not None:  # checked before any data is made
+            from paradec.config import ModelConfig
+            from paradec.models.gguf import resolve_model
+
+            layers = ModelConfig.from_dir(resolve_model(args.target)).num_layers
+            if not 1 <= args.early_layer < layers:
+                raise ParadecError(f"--early-layer {args.early_layer}: the target has {layers} layers; "
+                                   f"pass 1 .. {layers - 1}")
         if args.questions:
             from paradec.train.chat_recipes import train_chat_heads
 
@@ -152,7 +161,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     elif args.what == "eagle":
         from paradec.train.eagle import EagleTrainConfig, train_eagle
 
-        if args.epochs <= 0 or args.lr <= 0:
+        if args.epochs <= 0 or not 0 < args.lr < math.inf:
             raise ParadecError("--epochs and --lr must be > 0")
         if not Path(args.questions).is_file():
             raise ParadecError(f"--questions {args.questions}: no such file; pass a FastChat question.jsonl")
@@ -174,7 +183,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     elif args.what == "aspd":
         from paradec.train.aspd import AspdTrainConfig, train_aspd
 
-        if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or args.lr <= 0 or args.min_branches < 2:
+        if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or not 0 < args.lr < math.inf or args.min_branches < 2:
             raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1, --min-branches >= 2")
         if bool(args.questions) != bool(args.answers):
             raise ParadecError("chat data needs both --questions FILE and --answers FILE [FILE ...]")

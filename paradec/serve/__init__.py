@@ -15,19 +15,20 @@ import time
 from contextlib import asynccontextmanager
 
 from paradec.errors import ParadecError
-from paradec.serve.app import create_app
+from paradec.serve.app import LOOPBACK_HOSTS, create_app
 from paradec.serve.worker import Job, Worker
 
 __all__ = ["Job", "Worker", "build_app", "run"]
 
 
 def build_app(engine, model_name: str, method: str = "ar", max_batch: int = 8, max_queue: int = 64,
-              api_key: str | None = None, max_tokens_limit: int = 4096, own_worker: bool = True):
+              api_key: str | None = None, max_tokens_limit: int = 4096, own_worker: bool = True,
+              allowed_hosts: frozenset[str] | None = None):
     """The app and its ``Worker`` (``app.state.worker``). With ``own_worker`` the worker runs on a
     thread that starts and stops with the app's lifespan (tests, Ray replicas); ``run`` instead
     drives it from the main thread."""
     worker = Worker(engine, max_batch=max_batch, max_queue=max_queue)
-    app = create_app(worker, model_name, method, api_key, max_tokens_limit)
+    app = create_app(worker, model_name, method, api_key, max_tokens_limit, allowed_hosts=allowed_hosts)
 
     if own_worker:
         @asynccontextmanager
@@ -48,7 +49,10 @@ def run(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, **op
     On a signal, running and waiting requests end as cancelled and the process exits."""
     import uvicorn
 
-    app = build_app(engine, model_name, own_worker=False, **options)
+    # bound to the loopback, it answers loopback Host names only: a web page on another name that
+    # resolves to 127.0.0.1 (DNS rebinding) cannot drive it
+    hosts = LOOPBACK_HOSTS if host in LOOPBACK_HOSTS or host.startswith("127.") else None
+    app = build_app(engine, model_name, own_worker=False, allowed_hosts=hosts, **options)
     worker = app.state.worker
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info",
                                            timeout_graceful_shutdown=5))

@@ -6,14 +6,19 @@ shapes (``usage``, ``finish_reason``), ``stream: true`` sends server-sent events
 ``data: [DONE]``, and errors carry OpenAI's ``{"error": {...}}`` body: 400 bad request, 401
 wrong key, 404 unknown model, 413 body too large, 429 queue full (with Retry-After).
 ``method`` (any registered method with a drafter) is a paradec field per request.
+
+Limits are checked before any work: a body over ``max_body_bytes`` (with or without a
+Content-Length) is a 413 and one that stalls a 408; with an API key every route but
+``/health`` needs it (compared in constant time); a server bound to the loopback answers only
+Host names of the loopback (DNS rebinding). A client that leaves, streaming or not, cancels its
+request at the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
-import os
-import socket
 import time
 import uuid
 from typing import Any, Callable, Literal
@@ -21,7 +26,8 @@ from typing import Any, Callable, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paradec import methods
 from paradec.errors import ParadecError
@@ -29,25 +35,31 @@ from paradec.parallel.grammar import Specials
 from paradec.serve.worker import Job, QueueFull, Worker
 
 MAX_BODY_BYTES = 1 << 20
+BODY_TIMEOUT_S = 10.0  # a body that sends nothing for this long is a 408
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 RETRY_AFTER_S = 1
-REPLICA = f"{socket.gethostname()}-{os.getpid()}"  # the x-paradec-replica header: which process answered
+REPLICA = uuid.uuid4().hex[:12]  # the x-paradec-replica header: which process answered (no host name or PID)
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")  # OpenAI fields paradec does not use (user, logprobs=None, ...)
 
     model: str
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_tokens: StrictInt | None = Field(None, ge=0)  # strict: `true` is not a token count
+    max_completion_tokens: StrictInt | None = Field(None, ge=0)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    seed: int | None = None
+    top_k: StrictInt = Field(0, ge=0)
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False  # strict: "yes" is not a boolean
     stream_options: dict[str, Any] | None = None
     n: Literal[1] = 1
     method: str | None = None  # paradec: the decoding method (default: the server's)
+    # paradec: trees sized from this request's own statistics, not the server's measured ones, so a
+    # seed fixes sampled text (default: on for a seeded sampled request)
+    deterministic: StrictBool | None = None
 
 
 class CompletionRequest(_Request):
@@ -131,8 +143,9 @@ class _Api:
             aspd = True
         except ParadecError:
             aspd = False
-        self.served = [m for m in methods.names() if methods.get(m).drafter is not None
-                       or (aspd and "aspd_model" in methods.get(m).needs)]
+        backend = self.engine.model.backend  # llama.cpp's runs chain methods only
+        self.served = [m for m in methods.names() if backend in methods.get(m).backends and
+                       (methods.get(m).drafter is not None or (aspd and "aspd_model" in methods.get(m).needs))]
 
     def submit(self, req: _Request, ids_of: Callable[[], list[int]]) -> tuple[Job, asyncio.Queue]:
         """Check ``req``, queue its job on the worker; the queue receives its text pieces, then None."""
@@ -149,8 +162,10 @@ class _Api:
                            "max_tokens")
         try:
             ids = ids_of()
+            fixed = req.deterministic if req.deterministic is not None else req.seed is not None and req.temperature > 0
             gen = self.engine.config(method=method, max_new_tokens=max_tokens, temperature=req.temperature,
-                                     top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stop)
+                                     top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stop,
+                                     **({"deterministic": True} if fixed else {}))
         except ParadecError as exc:
             raise ApiError(400, str(exc)) from None
         loop, out = asyncio.get_running_loop(), asyncio.Queue()
@@ -162,15 +177,28 @@ class _Api:
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         return job, out
 
-    async def respond(self, req: _Request, job: Job, out: asyncio.Queue, chat: bool):
+    async def respond(self, req: _Request, job: Job, out: asyncio.Queue, chat: bool, request: Request):
         """The job's whole answer as one JSON body, or (``stream``) server-sent events as it decodes."""
         reply = _Reply(job, self.model_name, chat, bool((req.stream_options or {}).get("include_usage")))
         if not req.stream:
             pieces = []
+            get = asyncio.ensure_future(out.get())
+            checked = time.monotonic()
             try:
-                while (piece := await out.get()) is not None:
+                while True:
+                    done, _ = await asyncio.wait({get}, timeout=DISCONNECT_POLL_S)
+                    if time.monotonic() - checked >= DISCONNECT_POLL_S:  # is the client still there?
+                        checked = time.monotonic()
+                        if await request.is_disconnected():
+                            return Response(status_code=204)  # nobody reads it; the request is cancelled below
+                    if not done:
+                        continue
+                    if (piece := get.result()) is None:
+                        break
                     pieces.append(piece)
-            finally:  # a handler cancelled mid-way (the client went away) frees the row too
+                    get = asyncio.ensure_future(out.get())
+            finally:  # done, gone, or a handler cancelled mid-way: the row is freed at the next step
+                get.cancel()
                 self.worker.cancel(job)
             if job.error is not None:  # refused at admission (400), or the engine failed / is stopping (500, 503)
                 status = {"cancelled": 503, "error": 400 if job.group is None else 500}[job.finish_reason]
@@ -196,13 +224,90 @@ class _Api:
             self.worker.cancel(job)
 
 
+class _Gate:
+    """ASGI middleware in front of every route: the API key, the Host check, the body limit (read
+    here, so a chunked body cannot pass it and a stalled one times out), the replica header."""
+
+    def __init__(self, app, worker: Worker, api_key: str | None, max_body_bytes: int,
+                 allowed_hosts: frozenset[str] | None) -> None:
+        self.app, self.worker, self.max_body = app, worker, max_body_bytes
+        self.key = None if api_key is None else f"Bearer {api_key}".encode()
+        self.hosts = allowed_hosts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def tagged(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-paradec-replica", REPLICA.encode())]}
+            await send(message)
+
+        headers = dict(scope.get("headers") or [])
+        refusal = self._refuse(scope["path"], headers)
+        if refusal is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            refusal, receive = await self._read_body(headers, receive)
+        if refusal is not None:
+            self.worker.metrics.errors.inc()
+            return await refusal(scope, receive, tagged)
+        return await self.app(scope, receive, tagged)
+
+    def _refuse(self, path: str, headers: dict) -> JSONResponse | None:
+        if self.hosts is not None:
+            host = headers.get(b"host", b"").decode("latin-1")
+            name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+            if name.lower() not in self.hosts:
+                return _error(400, f"Host {host!r} is not served here (this server answers its loopback names only); "
+                                   "connect to localhost or bind another --host", "host")
+        if self.key is not None and path != "/health":
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.key):
+                return _error(401, "missing or wrong API key; send Authorization: Bearer KEY",
+                              kind="authentication_error")
+        return None
+
+    async def _read_body(self, headers: dict, receive):
+        """-> (a refusal or None, a receive that replays the body and then the client's own)."""
+        try:
+            length = int(headers[b"content-length"]) if b"content-length" in headers else None
+        except ValueError:
+            return _error(400, "Content-Length is not a number"), receive
+        if length is not None and length > self.max_body:
+            return _error(413, f"request body over {self.max_body} bytes"), receive
+        body, more = bytearray(), True
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), BODY_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                return _error(408, f"the request body stalled for {BODY_TIMEOUT_S:g} s; send it whole"), receive
+            if message["type"] == "http.disconnect":
+                return Response(status_code=400), receive
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body:
+                return _error(413, f"request body over {self.max_body} bytes"), receive
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()  # then the client's own messages: a disconnect is seen
+
+        return None, replay
+
+
 def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_key: str | None = None,
-               max_tokens_limit: int = 4096, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_tokens_limit: int = 4096, max_body_bytes: int = MAX_BODY_BYTES,
+               allowed_hosts: frozenset[str] | None = None) -> FastAPI:
     """The FastAPI app serving ``worker``'s engine as ``model_name``; the caller runs the
-    worker (``paradec.serve.run`` does both)."""
-    app = FastAPI(title="paradec", docs_url=None, redoc_url=None)
+    worker (``paradec.serve.run`` does both). ``allowed_hosts``: the Host names answered (None:
+    any; ``run`` passes the loopback names when it binds the loopback)."""
+    app = FastAPI(title="paradec", docs_url=None, redoc_url=None, openapi_url=None if api_key else "/openapi.json")
     api = _Api(worker, model_name, default_method, max_tokens_limit)
     engine = worker.engine
+    app.add_middleware(_Gate, worker=worker, api_key=api_key, max_body_bytes=max_body_bytes,
+                       allowed_hosts=allowed_hosts)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -214,27 +319,17 @@ def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_
     async def _invalid(request: Request, exc: RequestValidationError):
         worker.metrics.errors.inc()
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            return _error(400, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})")
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return _error(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
 
-    @app.middleware("http")
-    async def _replica(request: Request, call_next):
-        response = await call_next(request)
-        response.headers["x-paradec-replica"] = REPLICA
-        return response
-
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        if request.url.path.startswith("/v1/"):
-            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-                worker.metrics.errors.inc()
-                return _error(401, "missing or wrong API key; send Authorization: Bearer KEY",
-                              kind="authentication_error")
-            length = request.headers.get("content-length")
-            if length is not None and int(length) > max_body_bytes:
-                worker.metrics.errors.inc()
-                return _error(413, f"request body over {max_body_bytes} bytes")
-        return await call_next(request)
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):  # 404, 405 ... in OpenAI's shape
+        worker.metrics.errors.inc()
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind,
+                      headers=getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health():
@@ -249,14 +344,14 @@ def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "paradec"}]}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         job, out = api.submit(req, lambda: engine._encode(req.prompt, False))
-        return await api.respond(req, job, out, False)
+        return await api.respond(req, job, out, False, request)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest):
+    async def chat_completions(req: ChatRequest, request: Request):
         messages = [m.model_dump() for m in req.messages]
         job, out = api.submit(req, lambda: engine._encode(messages, True))
-        return await api.respond(req, job, out, True)
+        return await api.respond(req, job, out, True, request)
 
     return app

@@ -21,7 +21,7 @@ from pathlib import Path
 from paradec.bench.prompts import Prompt
 from paradec.bench.report import markdown_table, write_json
 
-COLUMNS = ["method", "concurrency", "requests", "errors", "tokens_per_s", "requests_per_s", "ttft_p50_ms",
+COLUMNS = ["method", "concurrency", "requests", "errors", "left", "tokens_per_s", "requests_per_s", "ttft_p50_ms",
            "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_ms", "tokens_per_request"]
 
 
@@ -32,9 +32,12 @@ class _Sample:
     tpot: float | None = None  # time per output token after the first: (last - first chunk) / (tokens - 1)
     tokens: int = 0
     error: str | None = None
+    left: bool = False  # the client went away mid-stream on purpose (``disconnect``)
 
 
-def _one(client, model: str, prompt: Prompt, method: str, max_tokens: int) -> _Sample:
+def _one(client, model: str, prompt: Prompt, method: str, max_tokens: int, leave: bool = False) -> _Sample:
+    """One streamed chat request; ``leave``: close the stream after its first piece of text, as a
+    client that goes away does."""
     sample = _Sample()
     messages = [{"role": "user", "content": prompt.turns[0] if prompt.turns else prompt.text}]
     t0 = last = time.perf_counter()
@@ -54,6 +57,10 @@ def _one(client, model: str, prompt: Prompt, method: str, max_tokens: int) -> _S
                     sample.itl.append(now - last)
                 chunks += 1
                 last = now
+                if leave:
+                    stream.close()
+                    sample.left = True
+                    return sample
         # a chunk may carry several tokens (a speculative step commits several): a gap counts per
         # token, with the request's mean tokens per chunk
         if chunks > 1 and sample.tokens > 1:
@@ -73,8 +80,10 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def run_level(client, model: str, prompts: list[Prompt], method: str, concurrency: int, requests: int,
-              max_tokens: int) -> dict:
-    """``requests`` requests from ``concurrency`` threads (prompts in order, cycled)."""
+              max_tokens: int, disconnect: float = 0.0) -> dict:
+    """``requests`` requests from ``concurrency`` threads (prompts in order, cycled); a
+    ``disconnect`` share of them (every k-th) leave after their first piece of text."""
+    every = round(1 / disconnect) if disconnect > 0 else 0
     lock, next_i, samples = threading.Lock(), [0], []
 
     def worker() -> None:
@@ -84,7 +93,8 @@ def run_level(client, model: str, prompts: list[Prompt], method: str, concurrenc
                 next_i[0] += 1
             if i >= requests:
                 return
-            s = _one(client, model, prompts[i % len(prompts)], method, max_tokens)
+            s = _one(client, model, prompts[i % len(prompts)], method, max_tokens,
+                     leave=bool(every) and i % every == every - 1)
             with lock:
                 samples.append(s)
 
@@ -93,13 +103,14 @@ def run_level(client, model: str, prompts: list[Prompt], method: str, concurrenc
         for f in [pool.submit(worker) for _ in range(concurrency)]:
             f.result()
     wall = time.perf_counter() - t0
-    ok = [s for s in samples if s.error is None]
+    ok = [s for s in samples if s.error is None and not s.left]
     ttft = [s.ttft for s in ok if s.ttft is not None]
     itl = [x for s in ok for x in s.itl]
     tokens = sum(s.tokens for s in ok)
     ms = lambda v: None if v is None else round(1000 * v, 2)  # noqa: E731
     return {"method": method, "concurrency": concurrency, "requests": len(samples),
-            "errors": len(samples) - len(ok), "tokens_per_s": round(tokens / wall, 2),
+            "errors": sum(s.error is not None for s in samples), "left": sum(s.left for s in samples),
+            "tokens_per_s": round(tokens / wall, 2),
             "requests_per_s": round(len(ok) / wall, 3), "ttft_p50_ms": ms(_pct(ttft, 0.5)),
             "ttft_p99_ms": ms(_pct(ttft, 0.99)), "itl_p50_ms": ms(_pct(itl, 0.5)), "itl_p99_ms": ms(_pct(itl, 0.99)),
             "tpot_ms": ms(statistics.mean(tp)) if (tp := [s.tpot for s in ok if s.tpot is not None]) else None,
@@ -108,7 +119,8 @@ def run_level(client, model: str, prompts: list[Prompt], method: str, concurrenc
 
 
 def bench_serve(url: str, prompts: list[Prompt], methods: list[str], levels: list[int], requests: int,
-                max_tokens: int, out: Path, api_key: str | None = None, model: str | None = None) -> dict:
+                max_tokens: int, out: Path, api_key: str | None = None, model: str | None = None,
+                disconnect: float = 0.0) -> dict:
     import openai
 
     client = openai.OpenAI(base_url=url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1"),
@@ -117,10 +129,10 @@ def bench_serve(url: str, prompts: list[Prompt], methods: list[str], levels: lis
     rows = []
     for level in levels:
         for method in methods:  # interleaved: each level runs every method back to back
-            rows.append(run_level(client, model, prompts, method, level, requests, max_tokens))
+            rows.append(run_level(client, model, prompts, method, level, requests, max_tokens, disconnect))
             print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
     result = {"config": {"url": url, "model": model, "methods": methods, "concurrency": levels, "requests": requests,
-                         "max_tokens": max_tokens, "prompts": len(prompts)}, "rows": rows}
+                         "max_tokens": max_tokens, "prompts": len(prompts), "disconnect": disconnect}, "rows": rows}
     for row in rows:
         base = next(r for r in rows if r["concurrency"] == row["concurrency"] and r["method"] == methods[0])
         row[f"throughput_vs_{methods[0]}"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3) \

@@ -58,7 +58,8 @@ class Worker:
     def __init__(self, engine, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None) -> None:
         self.engine = engine
         context = engine.model.config.context_length
-        self.scheduler = Scheduler(engine, max_batch, context + 1 + TREE_SCRATCH, engine.budget)
+        self.scheduler = Scheduler(engine, max_batch, context + 1 + TREE_SCRATCH, engine.budget,
+                                   interleave_prefill=True)  # a long prompt does not stop the others
         self.waiting: queue.Queue[Job] = queue.Queue(max_queue)
         self.metrics = metrics or Metrics()
         self.jobs: dict[Group, Job] = {}
@@ -101,6 +102,7 @@ class Worker:
         while not self._stop.is_set():
             self._admit()
             self._step_own()
+            self.metrics.running.set(len(self.jobs) + len(self.own))
             if not self.scheduler.groups:
                 if self.own:
                     continue
@@ -203,7 +205,11 @@ class Worker:
                 row = group.rows[0]
                 job.finish_reason = "cancelled" if job.cancelled else row.finish_reason
                 job.completion_tokens = len(row.new_ids)
-                self.metrics.observe_request(row.stats, job.cancelled)
+                if group.error is not None:  # its own sampling or drafter failed; the others went on
+                    job.error, job.finish_reason = f"the engine failed: {group.error}", "error"
+                    self.metrics.errors.inc()
+                else:
+                    self.metrics.observe_request(row.stats, job.cancelled)
                 del self.jobs[group]
                 job.emit(None, job)
 

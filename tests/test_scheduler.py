@@ -1,0 +1,101 @@
+"""The shared loop as a server drives it: a long prompt is prefilled a chunk per step while the
+others decode, a group's own failure ends that group only, and neither changes anyone's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import paradec
+from paradec import methods, scheduler
+from paradec.draft import RootDrafter
+from paradec.scheduler import Scheduler
+
+LONG = "import os\nimport sys\n\n" + "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(12))
+
+
+@pytest.fixture(scope="module")
+def engine(llama_dir):
+    return paradec.load(llama_dir, dtype="bf16", warmup=False)
+
+
+def _group(engine, sched, prompt, method="ar", **opts):
+    gen = engine.config(method=method, max_new_tokens=10, ignore_eos=True, **opts)
+    rows = engine._rows([engine.tokenizer.encode(prompt)], gen)
+    return sched.admit(rows, gen, methods.get(method).drafter(engine, gen))
+
+
+def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_others_decode(engine, monkeypatch):
+    monkeypatch.setattr(scheduler, "PREFILL_CHUNK", 32)
+    long_ids = engine.tokenizer.encode(LONG)
+    assert len(long_ids) > 4 * 32
+    alone = {p: engine.generate(p, method=m, max_new_tokens=10, ignore_eos=True).token_ids
+             for p, m in ((LONG, "pld"), ("def f(x):", "ar"))}  # prefilled in the same chunks, all at once
+    sched = Scheduler(engine, 3, 512, interleave_prefill=True)
+    long = _group(engine, sched, LONG, "pld")
+    short = _group(engine, sched, "def f(x):")
+    assert not long.ready and short.ready  # the short prompt does not wait behind the long one
+    chunks = -(-(len(long_ids) - 1) // 32)
+    assert chunks < 10  # the short request is still decoding meanwhile
+    for step in range(chunks):
+        events = [g for g, _ in sched.step()]
+        assert short in events  # the short request decoded at every step
+        assert (long in events) == (step == chunks - 1)  # the long one from its last chunk's step on
+    while sched.groups:
+        list(sched.step())
+    assert long.rows[0].new_ids == alone[LONG] and short.rows[0].new_ids == alone["def f(x):"]
+
+
+def test_a_group_whose_sampling_fails_ends_alone(engine, monkeypatch):
+    solo = engine.generate("def f(x):", max_new_tokens=10, ignore_eos=True).token_ids
+    sched = Scheduler(engine, 2, 512)
+    bad = _group(engine, sched, "import os", temperature=0.7, seed=1)
+    good = _group(engine, sched, "def f(x):")
+    real = Scheduler._accept
+
+    def accept(self, proposals, logits, rows, gen):
+        if not gen.sampling.greedy:
+            raise FloatingPointError("probabilities are nan")
+        return real(self, proposals, logits, rows, gen)
+
+    monkeypatch.setattr(Scheduler, "_accept", accept)
+    while sched.groups:
+        list(sched.step())
+    assert bad.error and "nan" in bad.error and good.error is None
+    assert good.rows[0].new_ids == solo
+
+
+def test_a_group_whose_drafter_fails_ends_alone(engine):
+    class Broken(RootDrafter):
+        def propose(self, sequences, generators):
+            raise RuntimeError("drafter bug")
+
+    solo = engine.generate("def f(x):", max_new_tokens=10, ignore_eos=True).token_ids
+    sched = Scheduler(engine, 2, 512)
+    gen = engine.config(max_new_tokens=10, ignore_eos=True)
+    bad = sched.admit(engine._rows([engine.tokenizer.encode("import os")], gen), gen, Broken())
+    good = _group(engine, sched, "def f(x):")
+    while sched.groups:
+        list(sched.step())
+    assert bad.error == "RuntimeError: drafter bug" and good.rows[0].new_ids == solo
+    with pytest.raises(RuntimeError, match="drafter bug"):
+        engine.generate("x", drafter=Broken(), max_new_tokens=4)
+
+
+def test_chunked_prefill_gives_the_features_one_pass_gives(engine, monkeypatch):
+    """EAGLE's drafter starts from the prompt's hidden states: chunked, they are the same ones."""
+    ids = engine.tokenizer.encode(LONG)[:100]
+    seen = {}
+
+    class Spy(RootDrafter):
+        def begin(self, prompts, max_len, features=None):
+            seen[len(seen)] = features
+
+    for chunk in (512, 32):
+        monkeypatch.setattr(scheduler, "PREFILL_CHUNK", chunk)
+        sched = Scheduler(engine, 1, 256)
+        gen = engine.config(max_new_tokens=2)
+        sched.admit(engine._rows([ids], gen), gen, Spy())
+    one, chunked = seen[0], seen[1]
+    assert one.shape == chunked.shape == (1, len(ids) - 1, engine.model.config.hidden_size)
+    torch.testing.assert_close(chunked.float(), one.float(), atol=0.05, rtol=0.05)
