@@ -32,10 +32,15 @@ def chat_loop(engine, options: dict, system: str | None = None, stdin=None, stdo
             continue
         messages.append({"role": "user", "content": line.rstrip("\n")})
         pieces = []
-        for piece in engine.stream(messages, **options):
-            pieces.append(piece)
-            stdout.write(piece)
-            stdout.flush()
+        try:
+            for piece in engine.stream(messages, **options):
+                pieces.append(piece)
+                stdout.write(piece)
+                stdout.flush()
+        except ParadecError as exc:  # this line (not UTF-8, too long, ...): say so, keep the conversation
+            messages.pop()
+            prompt_to.write(f"paradec: {exc}\n")
+            continue
         stdout.write("\n")
         stdout.flush()
         messages.append({"role": "assistant", "content": "".join(pieces)})

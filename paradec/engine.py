@@ -81,6 +81,9 @@ class Engine:
             if not Path(path).is_dir():
                 raise ParadecError(f"draft directory {str(path)!r} does not exist; pass drafts=PATH to a "
                                    "Hugging Face-format draft model that shares the target's tokenizer")
+            if not (Path(path) / "config.json").is_file():  # not the target's "pass model=PATH"
+                raise ParadecError(f"draft directory {str(path)!r} has no config.json; pass drafts=PATH to a "
+                                   "Hugging Face-format draft model directory")
             draft = load_model(path, dtype, self.device)
             draft.set_exact(False)  # a draft's rounding never reaches the output
             quantize_linears(draft, self.quant)

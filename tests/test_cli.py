@@ -106,6 +106,7 @@ def _bad_heads(root, kind, llama_dir):
     ("ok", ["--dtype", "int3"], "invalid choice"),
     ("long", [], "context"),
     ("ok", ["--method", "specinfer", "--draft", "/no/such/draft"], "draft directory"),
+    ("ok", ["--method", "specinfer", "--draft", "ROOTDIR"], "has no config.json; pass --draft"),  # not --model
     ("ok", ["--method", "specinfer"], "needs draft models"),
     ("ok", ["--method", "pld", "--expansion", "1,0"], "expansion"),
     ("ok", ["--method", "specinfer", "--draft", "SELF", "--expansion=100,100,100"], "the limit is 64"),
@@ -128,7 +129,8 @@ def test_bad_input_is_one_line_exit_2(broken_dirs, llama_dir, case, extra, needl
         prompt = "x = 1\n" * 2000
     if case == "bad_utf8":
         prompt = os.fsdecode(b"caf\xe9 \xff")  # raw bytes in argv, as a shell passes them
-    extra = [str(llama_dir) if a == "SELF" else a for a in extra]
+    extra = [str(llama_dir) if a == "SELF" else str(broken_dirs["missing"].parent) if a == "ROOTDIR" else a
+             for a in extra]
     if any(a.startswith("BADHEADS") for a in extra):
         extra = [str(_bad_heads(broken_dirs["missing"].parent, a.split("_")[1], llama_dir)) if a.startswith("BADHEADS")
                  else a for a in extra]

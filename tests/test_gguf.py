@@ -199,9 +199,11 @@ def test_chat_is_multi_turn_through_the_template(tiny_gguf, tmp_path):
     path, _ = tiny_gguf
     env = {**os.environ, "PARADEC_HOME": str(tmp_path / "home")}
     opts = ["--model", str(path), "--dtype", "fp32", "--max-new-tokens", "8", "--ignore-eos"]
-    out = subprocess.run([sys.executable, "-m", "paradec", "chat", *opts], input="hello\n/reset\nhi\nagain\n/exit\n",
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr
+    # a line that is not UTF-8 is one error line, and the conversation goes on without it
+    out = subprocess.run([sys.executable, "-m", "paradec", "chat", *opts],
+                         input=b"hello\n/reset\ncaf\xe9 \xff\nhi\nagain\n/exit\n", capture_output=True, timeout=300, env=env)
+    out.stdout, out.stderr = out.stdout.decode(), out.stderr.decode()
+    assert out.returncode == 0 and "not valid UTF-8" in out.stderr and "Traceback" not in out.stderr, out.stderr
     engine = paradec.load(path, dtype="fp32")
     first = engine.generate([{"role": "user", "content": "hello"}], max_new_tokens=8, ignore_eos=True).text
     second = engine.generate([{"role": "user", "content": "hi"}], max_new_tokens=8, ignore_eos=True).text

@@ -6,6 +6,7 @@ Every user error is one line on stderr (``paradec: error: ...``) and exit status
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -219,7 +220,9 @@ def cmd_chat(args: argparse.Namespace) -> None:
                           threads=args.threads, backend=args.backend, methods_used=(args.method,))
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
           file=sys.stderr)
-    chat_loop(engine, _generation_options(args), args.system)
+    # undecodable bytes reach the tokenizer's UTF-8 check (one line, the chat goes on), not a traceback
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
+    chat_loop(engine, _generation_options(args), args.system, stdin=stdin)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:

@@ -7,6 +7,7 @@ tensors, saving splits them again, so a checkpoint written here loads in transfo
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -65,6 +66,9 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
                            "pass a directory with safetensors weights")
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
+        if (model_dir / name).is_file() and not os.access(model_dir / name, os.R_OK):  # not "No such file"
+            raise ParadecError(f"cannot read weights {model_dir / name} (permission denied); make the file "
+                               "readable for this user")
         try:
             tensors.update(load_file(str(model_dir / name)))
         except (SafetensorError, OSError, ValueError) as exc:
