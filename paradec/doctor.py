@@ -62,9 +62,8 @@ def _backend(model, model_dir: Path, torch_cost, remeasure: bool):
     """(one line: the runtime ``load(backend="auto")`` takes for this model and why, llama.cpp's
     measured curve or None)."""
     from paradec.config import ModelConfig
-    from paradec.cpu import llamacpp_cost
     from paradec.models.gguf import is_gguf
-    from paradec.models.llamacpp import INSTALL, LlamaCppModel, available
+    from paradec.models.llamacpp import INSTALL, LlamaCppModel, available, llamacpp_cost
 
     if not is_gguf(model):
         return "torch (llama.cpp runs GGUF files; this model is a directory)", None

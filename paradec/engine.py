@@ -20,11 +20,11 @@ import torch
 from paradec.config import GenerationConfig, ModelConfig
 from paradec import methods
 from paradec.draft import Drafter
-from paradec.cpu import DTYPES, FormatChoice, PassCost, choose_format, llamacpp_cost  # noqa: F401 (DTYPES: re-exported)
+from paradec.cpu import DTYPES, FormatChoice, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.gguf import is_gguf, paradec_home, resolve_model
-from paradec.models.llamacpp import BACKENDS, LlamaCppModel, available as llamacpp_available
+from paradec.models.llamacpp import BACKENDS, LlamaCppModel, available as llamacpp_available, llamacpp_cost
 from paradec.models.eagle import EagleHead, load_eagle
 from paradec.models.heads import Heads, load_heads
 from paradec.models.quant import QUANTS, quantize_linears
@@ -302,7 +302,7 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
         raise ParadecError(f"quant={quant} uses torch's packed CPU kernels; use device=cpu or quant=none")
     if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
         drafts = [drafts]
-    backend = backend or os.environ.get("PARADEC_BACKEND") or "auto"
+    backend = asked = backend or os.environ.get("PARADEC_BACKEND") or "auto"
     if backend not in BACKENDS:
         raise ParadecError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     source = Path(model_dir)
@@ -322,21 +322,20 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
                                f"backend=torch")
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
     choice = choose_format(model_dir, dtype, quant, device, exact)
-    if backend == "auto":
-        backend = "torch"
-        if is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available():
-            lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
-            lc_cost, lc_path, _ = llamacpp_cost(lc, paradec_home())
-            if lc_cost.predict(1) < choice.cost.predict(1):
-                backend = "llamacpp"
-                choice = replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=(
-                    f"auto: llama.cpp's `ar` step {lc_cost.predict(1) * 1e3:.0f} ms < torch {choice.name}'s "
-                    f"{choice.cost.predict(1) * 1e3:.0f} ms on this CPU"), profile_path=lc_path)
-    elif backend == "llamacpp":
+    if backend == "auto":  # llama.cpp where it may run and measures faster
+        eligible = is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available()
+        backend = "llamacpp" if eligible else "torch"
+    if backend == "llamacpp":
         lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
         lc_cost, lc_path, _ = llamacpp_cost(lc, paradec_home())
-        choice = replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason="asked for (backend=llamacpp)",
-                         profile_path=lc_path)
+        faster = lc_cost.predict(1) < choice.cost.predict(1)
+        if asked == "auto" and not faster:
+            backend = "torch"
+        else:
+            reason = "asked for (backend=llamacpp)" if asked == "llamacpp" else (
+                f"auto: llama.cpp's `ar` step {lc_cost.predict(1) * 1e3:.0f} ms < torch {choice.name}'s "
+                f"{choice.cost.predict(1) * 1e3:.0f} ms on this CPU")
+            choice = replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path)
     if backend == "llamacpp":
         engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
         engine.quant, engine.format = "gguf", choice

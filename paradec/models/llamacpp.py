@@ -29,7 +29,10 @@ keeps it (``seq_rm`` of anything past the committed length).
 from __future__ import annotations
 
 import ctypes
+import json
+import time
 import weakref
+from dataclasses import asdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -38,7 +41,11 @@ import numpy as np
 import torch
 
 from paradec.config import ModelConfig
+from paradec.cpu import (BUSY_CORES, CONTEXT, PROFILE_VERSION, WIDTHS, PassCost, _busy_seconds, _monotone,
+                         _write_json, cpu_info)
 from paradec.errors import ParadecError
+from paradec.models.gguf import file_digest
+from paradec.tree import TokenTree
 
 BACKENDS = ("auto", "torch", "llamacpp")  # what ``paradec.load(backend=...)`` takes
 BATCH = 512  # tokens per llama_decode call (a longer prefill is cut into pieces of this)
@@ -246,3 +253,36 @@ class LlamaCppCache:
             raise ValueError(f"cannot truncate row {row} of length {self.lengths[row]} to {length}")
         self.lengths[row] = length
         self.drop_scratch(row)
+
+
+def llamacpp_cost(model: LlamaCppModel, home: Path, remeasure: bool = False, widths: tuple[int, ...] = WIDTHS,
+                  reps: int = 3) -> tuple[PassCost, Path, bool]:
+    """The pass-cost curve of ``model`` on this CPU (the whole model:
+    a chain of each width over a prefix of CONTEXT tokens), cached per CPU signature and GGUF
+    file like ``cpu.profile``. -> (curve, cache file, measured under load: then not cached)."""
+    cpu = cpu_info()
+    path = home / "profiles" / f"{cpu.key()}-llamacpp-{file_digest(model.path)}-v{PROFILE_VERSION}.json"
+    if path.is_file() and not remeasure:
+        try:
+            raw = json.loads(path.read_text())
+            return PassCost("llamacpp", tuple(raw["widths"]), tuple(raw["seconds"])), path, False
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache file is measured again
+    cache = model.new_cache(1, CONTEXT + max(widths) + 1)
+    model.prefill([[i % model.config.vocab_size for i in range(CONTEXT + 1)]], cache)
+    best = {w: float("inf") for w in widths}
+    wall, mine, busy = time.perf_counter(), time.process_time(), _busy_seconds()
+    for _ in range(reps + 1):  # the first round warms the kernels up
+        for w in widths:
+            t = time.perf_counter()
+            model.verify([TokenTree.chain(11, list(range(12, 11 + w)))], cache)
+            best[w] = min(best[w], time.perf_counter() - t)
+            cache.drop_scratch(0)
+    others = 0.0
+    if busy is not None:
+        others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine)) / max(1e-9, time.perf_counter() - wall)
+    cost = PassCost("llamacpp", tuple(widths), tuple(_monotone([best[w] for w in widths])))
+    if others <= BUSY_CORES:
+        _write_json(path, {"cpu": asdict(cpu), "gguf": model.path.name, "widths": list(widths),
+                           "seconds": list(cost.seconds)})
+    return cost, path, others > BUSY_CORES
