@@ -56,7 +56,9 @@ def test_greedy_identical_to_ar(engine, ar_tokens, opts, batch):
     else:
         out = engine.generate(PROMPTS4, max_new_tokens=N_NEW, ignore_eos=True, **opts)
     assert [g.token_ids for g in out] == ar_tokens
-    if opts.get("prune", opts["method"] == "propd"):
+    if opts["method"] == "propd" and opts.get("dynamic") is False:
+        # a fixed-size ProPD tree is pruned on every pass; a dynamic one prunes only where the
+        # measured step times say it pays (test_policy_prunes_only_when_it_pays), so not always
         assert sum(g.stats.verified for g in out) < sum(g.stats.nodes for g in out)  # pruning pruned
 
 
