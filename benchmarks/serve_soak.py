@@ -52,8 +52,21 @@ class Server:
     def __init__(self, args, *extra: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [args.python, "-m", "paradec", "serve", "--port", str(self.port), "--max-batch", str(args.max_batch),
-               "--max-queue", "256", *extra]
+        cmd = [
+            args.python,
+            "-m",
+            "paradec",
+            "serve",
+            "--port",
+            str(self.port),
+            "--max-batch",
+            str(args.max_batch),
+            "--max-queue",
+            "256",
+            "--backend",
+            args.backend,
+            *extra,
+        ]
         self.proc = subprocess.Popen(cmd, cwd=args.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 600
         while True:
@@ -80,22 +93,37 @@ def soak(args) -> dict:
         prompts = load_prompts(args.prompts, None, 2)
         warm = bench_serve(server.url, prompts, ["ar"], [4], 8, args.max_tokens, Path(args.out) / "warmup")
         rss_before = _rss_mb(server.proc.pid)
-        run = bench_serve(server.url, prompts, args.methods.split(","), [args.clients],
-                          args.clients * args.per_client, args.max_tokens, Path(args.out) / "load", disconnect=0.5)
+        run = bench_serve(
+            server.url,
+            prompts,
+            args.methods.split(","),
+            [args.clients],
+            args.clients * args.per_client,
+            args.max_tokens,
+            Path(args.out) / "load",
+            disconnect=0.5,
+        )
         deadline = time.time() + 60
         while (m := _metrics(server.url))["paradec_running_requests"] or m["paradec_queue_length"]:
             if time.time() > deadline:
                 break
             time.sleep(0.5)
         rss_after = _rss_mb(server.proc.pid)
-        return {"clients": args.clients, "requests_per_method": args.clients * args.per_client,
-                "rows": run["rows"], "warmup_errors": warm["rows"][0]["errors"],
-                "failures": sum(r["errors"] for r in run["rows"]), "left_mid_stream": sum(r["left"] for r in run["rows"]),
-                "running_after": m["paradec_running_requests"], "queue_after": m["paradec_queue_length"],
-                "cancelled": m.get('paradec_requests_total{outcome="cancelled"}', 0.0),
-                "ok": m.get('paradec_requests_total{outcome="ok"}', 0.0),
-                "rss_mb_before": round(rss_before, 1), "rss_mb_after": round(rss_after, 1),
-                "rss_growth": round(rss_after / rss_before - 1, 4)}
+        return {
+            "clients": args.clients,
+            "requests_per_method": args.clients * args.per_client,
+            "rows": run["rows"],
+            "warmup_errors": warm["rows"][0]["errors"],
+            "failures": sum(r["errors"] for r in run["rows"]),
+            "left_mid_stream": sum(r["left"] for r in run["rows"]),
+            "running_after": m["paradec_running_requests"],
+            "queue_after": m["paradec_queue_length"],
+            "cancelled": m.get('paradec_requests_total{outcome="cancelled"}', 0.0),
+            "ok": m.get('paradec_requests_total{outcome="ok"}', 0.0),
+            "rss_mb_before": round(rss_before, 1),
+            "rss_mb_after": round(rss_after, 1),
+            "rss_growth": round(rss_after / rss_before - 1, 4),
+        }
     finally:
         server.stop()
 
@@ -103,8 +131,16 @@ def soak(args) -> dict:
 def long_prompt(args) -> dict:
     server = Server(args)
     try:
-        body = lambda prompt, n: {"model": httpx.get(server.url + "/v1/models").json()["data"][0]["id"],  # noqa: E731
-                                  "prompt": prompt, "max_tokens": n, "temperature": 0}
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+
+        def body(prompt: str, n: int) -> dict:
+            return {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": n,
+                "temperature": 0,
+            }
+
         short = body("The capital of France is", 2)
         t = time.perf_counter()
         httpx.post(server.url + "/v1/completions", json=short, timeout=600)
@@ -126,8 +162,12 @@ def long_prompt(args) -> dict:
             httpx.post(server.url + "/v1/completions", json=short, timeout=3600)
             waits.append(time.perf_counter() - t)
         thread.join()
-        return {"short_alone_s": round(alone, 3), "short_beside_long_s": [round(w, 3) for w in waits],
-                "long_s": round(done["long_s"], 2), "long_prompt_tokens": done["long_prompt_tokens"]}
+        return {
+            "short_alone_s": round(alone, 3),
+            "short_beside_long_s": [round(w, 3) for w in waits],
+            "long_s": round(done["long_s"], 2),
+            "long_prompt_tokens": done["long_prompt_tokens"],
+        }
     finally:
         server.stop()
 
@@ -144,11 +184,12 @@ def main() -> None:
     p.add_argument("--per-client", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--backend", default="torch", choices=["auto", "torch", "llamacpp"], help="the server's runtime")
     p.add_argument("--long-items", type=int, default=450, help="sentences in the long prompt (~13 tokens each)")
     args = p.parse_args()
     if args.cwd:
         os.environ["PYTHONPATH"] = args.cwd
-    result = {"what": args.what, **(soak(args) if args.what == "soak" else long_prompt(args))}
+    result = {"what": args.what, "backend": args.backend, **(soak(args) if args.what == "soak" else long_prompt(args))}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
