@@ -57,32 +57,48 @@ def main() -> int:
                 x = ids[:batch]
                 tensor = torch.tensor(x)
 
-                def run_paradec(n=n_new):
+                def run_paradec(n=n_new, engine=engine, x=x):
                     return [g.token_ids for g in engine.generate(x, max_new_tokens=n, ignore_eos=True)]
 
-                def run_hf(n=n_new):
+                def run_hf(n=n_new, hf=hf, tensor=tensor):
                     with torch.inference_mode():
-                        out = hf.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
-                                          max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
-                    return out[:, tensor.shape[1]:].tolist()
+                        out = hf.generate(
+                            tensor,
+                            attention_mask=torch.ones_like(tensor),
+                            do_sample=False,
+                            max_new_tokens=n,
+                            min_new_tokens=n,
+                            pad_token_id=0,
+                        )
+                    return out[:, tensor.shape[1] :].tolist()
 
                 run_paradec(8), run_hf(8)  # warm-up
                 times = {"paradec": [], "hf": []}
                 for r in range(args.repeats):
                     order = [("paradec", run_paradec), ("hf", run_hf)]
-                    for name, fn in (order if r % 2 == 0 else order[::-1]):
+                    for name, fn in order if r % 2 == 0 else order[::-1]:
                         times[name].append(time_it(fn))
                 same = run_paradec() == run_hf()
-                rec = {"size": size, "dtype": dtype, "batch": batch, "new_tokens": n_new,
-                       "paradec_tok_s": batch * n_new / statistics.median(times["paradec"]),
-                       "hf_tok_s": batch * n_new / statistics.median(times["hf"]),
-                       "times_s": times, "identical_tokens": same}
+                rec = {
+                    "size": size,
+                    "dtype": dtype,
+                    "batch": batch,
+                    "new_tokens": n_new,
+                    "paradec_tok_s": batch * n_new / statistics.median(times["paradec"]),
+                    "hf_tok_s": batch * n_new / statistics.median(times["hf"]),
+                    "times_s": times,
+                    "identical_tokens": same,
+                }
                 rec["speedup"] = rec["paradec_tok_s"] / rec["hf_tok_s"]
                 results.append(rec)
-                print(f"{size} {dtype} b{batch}: paradec {rec['paradec_tok_s']:.1f} tok/s, "
-                      f"hf {rec['hf_tok_s']:.1f} tok/s, x{rec['speedup']:.2f}, identical={same}", flush=True)
-    table = markdown_table(results, ["size", "dtype", "batch", "paradec_tok_s", "hf_tok_s", "speedup",
-                                     "identical_tokens"])
+                print(
+                    f"{size} {dtype} b{batch}: paradec {rec['paradec_tok_s']:.1f} tok/s, "
+                    f"hf {rec['hf_tok_s']:.1f} tok/s, x{rec['speedup']:.2f}, identical={same}",
+                    flush=True,
+                )
+    table = markdown_table(
+        results, ["size", "dtype", "batch", "paradec_tok_s", "hf_tok_s", "speedup", "identical_tokens"]
+    )
     print(table)
     write_json({"command": " ".join(sys.argv), "machine": machine(), "results": results, "table": table}, args.out)
     return 0

@@ -25,9 +25,18 @@ from paradec.parallel.pipeline import extract_file, group_passes
 from paradec.tokenizer import load_tokenizer
 from paradec.train.corpus import is_held_out, stdlib_files
 
-COLUMNS = ["answers", "n", "ppd", "degree_of_parallelism", "branches_per_group", "groups",
-           "ceiling_speedup", "ceiling_speedup_marked", "ceiling_parallel_answers_marked",
-           "ceiling_best_answer_marked"]
+COLUMNS = [
+    "answers",
+    "n",
+    "ppd",
+    "degree_of_parallelism",
+    "branches_per_group",
+    "groups",
+    "ceiling_speedup",
+    "ceiling_speedup_marked",
+    "ceiling_parallel_answers_marked",
+    "ceiling_best_answer_marked",
+]
 
 
 def held_out_sources() -> list[tuple[str, str]]:
@@ -53,11 +62,18 @@ def group_row(sources: list[tuple[str, str]], count) -> dict:
             best = max(best, p / m)
             sizes.append(len(g.branches))
     ceiling_marked = round(plain / max(1, marked), 3)
-    return {"answers": "stdlib held-out groups (what the bench prompts lead to)", "n": len(sizes), "ppd": 1.0,
-            "degree_of_parallelism": 1.0, "branches_per_group": round(sum(sizes) / max(1, len(sizes)), 3),
-            "groups": len(sizes), "ceiling_speedup": round(plain / max(1, longest), 3),
-            "ceiling_speedup_marked": ceiling_marked, "ceiling_parallel_answers_marked": ceiling_marked,
-            "ceiling_best_answer_marked": round(best, 3)}
+    return {
+        "answers": "stdlib held-out groups (what the bench prompts lead to)",
+        "n": len(sizes),
+        "ppd": 1.0,
+        "degree_of_parallelism": 1.0,
+        "branches_per_group": round(sum(sizes) / max(1, len(sizes)), 3),
+        "groups": len(sizes),
+        "ceiling_speedup": round(plain / max(1, longest), 3),
+        "ceiling_speedup_marked": ceiling_marked,
+        "ceiling_parallel_answers_marked": ceiling_marked,
+        "ceiling_best_answer_marked": round(best, 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

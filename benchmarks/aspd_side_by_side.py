@@ -39,21 +39,26 @@ def main() -> int:
         missing = [i for i in args.ids if i not in prompts]
         if missing:
             raise ParadecError(f"no question with id {', '.join(missing)} in {args.prompts}")
-        engines = {"ar of the base": (paradec.load(read_adapter(adapter)[1]), "ar"),
-                   "Seq twin": (paradec.load(twin_dir), "ar"),
-                   "ASPD": (paradec.load(adapter), "aspd")}
+        engines = {
+            "ar of the base": (paradec.load(read_adapter(adapter)[1]), "ar"),
+            "Seq twin": (paradec.load(twin_dir), "ar"),
+            "ASPD": (paradec.load(adapter), "aspd"),
+        }
     except ParadecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    parts = ["# ASPD answers side by side\n",
-             f"Greedy, bf16, chat template, up to {args.max_new_tokens} new tokens, stop at end of turn. "
-             f"Command: `python benchmarks/aspd_side_by_side.py {args.prompts} --ids {' '.join(args.ids)}`\n"]
+    parts = [
+        "# ASPD answers side by side\n",
+        f"Greedy, bf16, chat template, up to {args.max_new_tokens} new tokens, stop at end of turn. "
+        f"Command: `python benchmarks/aspd_side_by_side.py {args.prompts} --ids {' '.join(args.ids)}`\n",
+    ]
     for qid in args.ids:
         question = prompts[qid].turns[0]
         parts.append(f"## Question {qid} ({prompts[qid].category})\n\n> {question}\n")
         for name, (engine, method) in engines.items():
-            g = engine.generate([{"role": "user", "content": question}], method=method,
-                                max_new_tokens=args.max_new_tokens)
+            g = engine.generate(
+                [{"role": "user", "content": question}], method=method, max_new_tokens=args.max_new_tokens
+            )
             extra = g.stats.extra
             info = f"{len(g.token_ids)} tokens, {g.stats.steps} passes"
             if method == "aspd":

@@ -21,9 +21,14 @@ from paradec.bench.prompts import load_prompts
 from paradec.bench.report import machine, markdown_table
 from paradec.zoo import companions, default_gguf
 
-METHODS = {"ar": {}, "pld": {"method": "pld"}, "specinfer": {"method": "specinfer", "expansion": (1, 1, 1, 1)},
-           "specinfer+ngram": {"method": "specinfer", "expansion": (1, 1, 1, 1), "with_ngram": True},
-           "medusa": {"method": "medusa"}, "propd": {"method": "propd"}}
+METHODS = {
+    "ar": {},
+    "pld": {"method": "pld"},
+    "specinfer": {"method": "specinfer", "expansion": (1, 1, 1, 1)},
+    "specinfer+ngram": {"method": "specinfer", "expansion": (1, 1, 1, 1), "with_ngram": True},
+    "medusa": {"method": "medusa"},
+    "propd": {"method": "propd"},
+}
 
 
 def main() -> None:
@@ -49,7 +54,7 @@ def main() -> None:
     runs = [(m, exact) for m in METHODS for exact in (True, False)]
     records = []
     for i, (p, conv) in enumerate(zip(prompts, convs)):
-        order = runs[i % len(runs):] + runs[: i % len(runs)]
+        order = runs[i % len(runs) :] + runs[: i % len(runs)]
         got = {}
         for m, exact in order:
             engine.model.set_exact(exact)
@@ -57,8 +62,17 @@ def main() -> None:
             g = engine.generate(conv, **METHODS[m], **opts)
             got[(m, exact)] = (len(g.token_ids) / (time.perf_counter() - t), g.token_ids, g.stats.tau)
         for (m, exact), (tps, ids, tau) in got.items():
-            records.append({"prompt_id": p.id, "category": p.category, "method": m, "exact": exact,
-                            "tokens_per_s": tps, "tau": tau, "identical_to_ar": ids == got[("ar", exact)][1]})
+            records.append(
+                {
+                    "prompt_id": p.id,
+                    "category": p.category,
+                    "method": m,
+                    "exact": exact,
+                    "tokens_per_s": tps,
+                    "tau": tau,
+                    "identical_to_ar": ids == got[("ar", exact)][1],
+                }
+            )
         print(p.id, {f"{m}/{'exact' if e else 'fast'}": round(v[0], 1) for (m, e), v in got.items()}, flush=True)
     rows = []
     for m in METHODS:
@@ -72,8 +86,9 @@ def main() -> None:
         row["exact/fast"] = statistics.mean(ex[k] / fa[k] for k in ex)
         rows.append(row)
     table = markdown_table(rows, list(rows[0]))
-    (out_dir / "results.json").write_text(json.dumps({"config": vars(args), "machine": machine(),
-                                                      "records": records, "summary": rows}, indent=1))
+    (out_dir / "results.json").write_text(
+        json.dumps({"config": vars(args), "machine": machine(), "records": records, "summary": rows}, indent=1)
+    )
     (out_dir / "results.md").write_text(table + "\n")
     print(table)
 

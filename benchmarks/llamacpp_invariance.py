@@ -53,7 +53,7 @@ class Ctx:
         self.lib.llama_memory_clear(self.mem, True)
         for seq, p in enumerate(prompts):
             for s in range(0, len(p) - 1, 512):
-                self.decode([(t, s + i, seq, False) for i, t in enumerate(p[s: min(s + 512, len(p) - 1)])])
+                self.decode([(t, s + i, seq, False) for i, t in enumerate(p[s : min(s + 512, len(p) - 1)])])
 
     def free(self) -> None:
         self.lib.llama_batch_free(self.batch)
@@ -108,21 +108,38 @@ def main() -> None:
         for context in (100, 200, 300, 500, 700):
             for width in (2, 4, 8):
                 same, diff = chain(one, context, width)
-                out.append({"flash_attn": flash, "context": context, "case": f"chain of {width}", "equal": same,
-                            "max_abs_diff": round(diff, 4)})
+                out.append(
+                    {
+                        "flash_attn": flash,
+                        "context": context,
+                        "case": f"chain of {width}",
+                        "equal": same,
+                        "max_abs_diff": round(diff, 4),
+                    }
+                )
             same, diff = rows(four, context, 4)
-            out.append({"flash_attn": flash, "context": context, "case": "4 rows x 1 token", "equal": same,
-                        "max_abs_diff": round(diff, 4)})
+            out.append(
+                {
+                    "flash_attn": flash,
+                    "context": context,
+                    "case": "4 rows x 1 token",
+                    "equal": same,
+                    "max_abs_diff": round(diff, 4),
+                }
+            )
         one.free()
         four.free()
     print("| flash attention | context | batch | bit-equal to single-token passes | max abs logit diff |")
     print("|---|---|---|---|---|")
     for r in out:
-        print(f"| {'on' if r['flash_attn'] else 'off'} | {r['context']} | {r['case']} | {r['equal']} | {r['max_abs_diff']} |")
+        print(
+            f"| {'on' if r['flash_attn'] else 'off'} | {r['context']} | {r['case']} | {r['equal']} "
+            f"| {r['max_abs_diff']} |"
+        )
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "results.json").write_text(json.dumps({"gguf": Path(gguf).name,
-                                                             "llama_cpp_python": lib.__version__, "rows": out},
-                                                            indent=1) + "\n")
+    (Path(args.out) / "results.json").write_text(
+        json.dumps({"gguf": Path(gguf).name, "llama_cpp_python": lib.__version__, "rows": out}, indent=1) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -63,9 +63,17 @@ def main() -> None:
         for w in WIDTHS:
             ms = statistics.median(times[(q, w)])
             rows.append({"quant": q, "width": w, "ms_per_pass": round(ms, 2), "vs_width_1": round(ms / base, 2)})
-    (out_dir / "results.json").write_text(json.dumps({"machine": machine(), "context": CONTEXT, "rows": rows,
-                                                      "raw_ms": {f"{q}/{w}": v for (q, w), v in times.items()}},
-                                                     indent=1))
+    (out_dir / "results.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "context": CONTEXT,
+                "rows": rows,
+                "raw_ms": {f"{q}/{w}": v for (q, w), v in times.items()},
+            },
+            indent=1,
+        )
+    )
     print(markdown_table(rows, ["quant", "width", "ms_per_pass", "vs_width_1"]))
 
 

@@ -20,10 +20,13 @@ def table(run: Path, peer: str) -> str:
     for rec in result["records"]:
         by.setdefault(rec["method"], {})[rec["prompt_id"]] = rec
     base, ar = by.get(peer), by["ar"]
-    lines = [f"{run.name}: {result['machine'].get('cpu', result['machine'].get('processor'))}; formats "
-             f"{result.get('formats', 'bf16 default')}",
-             f"| method | tokens/s | vs {peer} (median) | vs {peer} (mean) | vs ar (median) | ms/step | rows verified/step "
-             "| tau | identical to ar |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{run.name}: {result['machine'].get('cpu', result['machine'].get('processor'))}; formats "
+        f"{result.get('formats', 'bf16 default')}",
+        f"| method | tokens/s | vs {peer} (median) | vs {peer} (mean) | vs ar (median) | ms/step | rows verified/step "
+        "| tau | identical to ar |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
 
     def mean(values: list) -> str:
         values = [v for v in values if v]
@@ -34,11 +37,13 @@ def table(run: Path, peer: str) -> str:
         vs_peer = [recs[p]["tokens_per_s"] / base[p]["tokens_per_s"] for p in ps] if base else [float("nan")]
         vs_ar = [recs[p]["tokens_per_s"] / ar[p]["tokens_per_s"] for p in ps]
         same = [bool(recs[p].get("identical_to_ar")) for p in ps]
-        lines.append(f"| {method} | {statistics.mean(recs[p]['tokens_per_s'] for p in ps):.1f} | "
-                     f"{statistics.median(vs_peer):.2f} | {statistics.mean(vs_peer):.2f} | {statistics.median(vs_ar):.2f} | "
-                     f"{mean([recs[p].get('ms_per_step') for p in ps])} | "
-                     f"{mean([recs[p].get('verified_per_step') for p in ps])} | {mean([recs[p].get('tau') for p in ps])} | "
-                     f"{sum(same)}/{len(same)} |")
+        lines.append(
+            f"| {method} | {statistics.mean(recs[p]['tokens_per_s'] for p in ps):.1f} | "
+            f"{statistics.median(vs_peer):.2f} | {statistics.mean(vs_peer):.2f} | {statistics.median(vs_ar):.2f} | "
+            f"{mean([recs[p].get('ms_per_step') for p in ps])} | "
+            f"{mean([recs[p].get('verified_per_step') for p in ps])} | {mean([recs[p].get('tau') for p in ps])} | "
+            f"{sum(same)}/{len(same)} |"
+        )
     return "\n".join(lines)
 
 

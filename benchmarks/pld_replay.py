@@ -7,7 +7,8 @@ pass cost on the model's own greedy answers, without timing a single decode.
 
 Greedy prompt lookup commits exactly `ar`'s tokens, and which draft tokens a pass accepts depends
 only on the text, so one `ar` answer per prompt replays every setting exactly (a prompt's replayed
-tau equals `paradec bench`'s; the table's tau is all tokens over all steps). A step of w tree rows costs pass_cost(w) `ar` steps (measured,
+tau equals `paradec bench`'s; the table's tau is all tokens over all steps). A step of w tree rows costs
+pass_cost(w) `ar` steps (measured,
 interpolated); "vs ar" is committed tokens over that cost, per prompt, then averaged (mean, as
 Spec-Bench reports). The `ar` answers are kept in OUT/answers.json and reused.
 """
@@ -25,10 +26,21 @@ from paradec.draft import NgramDrafter
 
 # (label, max_ngram, tokens per matched suffix token or None, most tokens (the fixed length without per_match))
 SETTINGS = {
-    "none": [("fixed 8 (before)", 3, None, 8), ("fixed 12", 3, None, 12), ("fixed 16", 4, None, 16),
-             ("2 per match, <= 8", 4, 2, 8), ("4 per match, <= 12", 4, 4, 12), ("4 per match, <= 16 (default)", 4, 4, 16)],
-    "int4": [("fixed 2", 3, None, 2), ("fixed 3 (before)", 3, None, 3), ("fixed 4", 3, None, 4),
-             ("1 per match, <= 4 (default)", 4, 1, 4), ("2 per match, <= 8", 4, 2, 8)],
+    "none": [
+        ("fixed 8 (before)", 3, None, 8),
+        ("fixed 12", 3, None, 12),
+        ("fixed 16", 4, None, 16),
+        ("2 per match, <= 8", 4, 2, 8),
+        ("4 per match, <= 12", 4, 4, 12),
+        ("4 per match, <= 16 (default)", 4, 4, 16),
+    ],
+    "int4": [
+        ("fixed 2", 3, None, 2),
+        ("fixed 3 (before)", 3, None, 3),
+        ("fixed 4", 3, None, 4),
+        ("1 per match, <= 4 (default)", 4, 1, 4),
+        ("2 per match, <= 8", 4, 2, 8),
+    ],
 }
 
 
@@ -40,9 +52,16 @@ def answers(args) -> list[dict]:
     from paradec.bench.harness import BenchConfig, encode_prompts
     from paradec.bench.prompts import load_prompts
     from paradec.zoo import default_gguf
+
     engine = paradec.load(default_gguf())
-    cfg = BenchConfig(model="default", methods=("ar",), prompts=args.prompts, out=args.out,
-                      per_category=args.per_category, max_new_tokens=args.max_new_tokens)
+    cfg = BenchConfig(
+        model="default",
+        methods=("ar",),
+        prompts=args.prompts,
+        out=args.out,
+        per_category=args.per_category,
+        max_new_tokens=args.max_new_tokens,
+    )
     out = []
     for p, ids in encode_prompts(engine, load_prompts(args.prompts, per_category=args.per_category), cfg):
         gen = engine.generate(ids, max_new_tokens=args.max_new_tokens, ignore_eos=True)
@@ -87,7 +106,7 @@ def main() -> None:
         curve = sorted((r["width"], r["vs_width_1"]) for r in rows_cost if r["quant"] == quant)
         widths, ratios = [w for w, _ in curve], [c for _, c in curve]
 
-        def cost(w: int) -> float:
+        def cost(w: int, widths=widths, ratios=ratios) -> float:
             return float(np.interp(w, widths, ratios))
 
         for label, max_ngram, per_match, most in settings:
@@ -98,8 +117,15 @@ def main() -> None:
                 s, c = replay(drafter, rec["prompt"], rec["answer"], cost)
                 tokens, steps = tokens + len(rec["answer"]), steps + s
                 speed.append(len(rec["answer"]) / c)
-            out.append({"quant": quant, "setting": label, "tau": round(tokens / steps, 3),
-                        "vs_ar_mean": round(float(np.mean(speed)), 3), "vs_ar_median": round(float(np.median(speed)), 3)})
+            out.append(
+                {
+                    "quant": quant,
+                    "setting": label,
+                    "tau": round(tokens / steps, 3),
+                    "vs_ar_mean": round(float(np.mean(speed)), 3),
+                    "vs_ar_median": round(float(np.median(speed)), 3),
+                }
+            )
     result = {"prompts": len(data), "pass_cost": args.pass_cost, "rows": out}
     (Path(args.out) / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     table = markdown_table(out, ["quant", "setting", "tau", "vs_ar_mean", "vs_ar_median"])

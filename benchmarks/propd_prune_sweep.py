@@ -35,11 +35,12 @@ def main() -> int:
     prompts = [p.text for p in load_prompts(Path(args.data) / "humaneval/HumanEval.jsonl.gz", limit=args.limit)]
     kw = dict(max_new_tokens=args.max_new_tokens, ignore_eos=True)
     configs = [("no pruning", dict(method="propd", prune=False))] + [
-        (f"k={k}", dict(method="propd", prune_topk=int(k))) for k in args.ks.split(",")]
+        (f"k={k}", dict(method="propd", prune_topk=int(k))) for k in args.ks.split(",")
+    ]
     engine.generate(prompts[0], max_new_tokens=8)  # warm-up
     res: dict[str, list] = {label: [] for label, _ in configs}
     for i in range(0, len(prompts), args.batch_size):
-        batch = prompts[i: i + args.batch_size]
+        batch = prompts[i : i + args.batch_size]
         t = time.perf_counter()
         engine.generate(batch, **kw)
         t_ar = time.perf_counter() - t
@@ -48,13 +49,27 @@ def main() -> int:
             out = engine.generate(batch, **kw, **opts)
             dt = time.perf_counter() - t
             steps = max(g.stats.steps for g in out)
-            res[label].append((t_ar / dt, statistics.mean(g.stats.tau for g in out),
-                               statistics.mean(g.stats.verified / g.stats.steps for g in out), 1000 * dt / steps))
+            res[label].append(
+                (
+                    t_ar / dt,
+                    statistics.mean(g.stats.tau for g in out),
+                    statistics.mean(g.stats.verified / g.stats.steps for g in out),
+                    1000 * dt / steps,
+                )
+            )
     rows = mean_rows(res, "setting", ["speedup_vs_ar", "tau", "verified_per_step", "ms_per_step"])
     table = markdown_table(rows, ["setting", "tau", "verified_per_step", "ms_per_step", "speedup_vs_ar"])
     print(table)
-    write_json({"command": " ".join(sys.argv), "machine": machine(), "early_layer": engine.heads.early_layer,
-                "rows": rows, "table": table}, args.out)
+    write_json(
+        {
+            "command": " ".join(sys.argv),
+            "machine": machine(),
+            "early_layer": engine.heads.early_layer,
+            "rows": rows,
+            "table": table,
+        },
+        args.out,
+    )
     return 0
 
 

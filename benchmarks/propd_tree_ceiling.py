@@ -8,7 +8,8 @@
    = sum(1 + accepted) / sum T(n_step) for
    - static: the top-n rank paths by the measured rank acceptance (Medusa; `medusa` uses n = 16);
    - adaptive: each step the top-n paths by this step's head probabilities, calibrated per depth
-     on the first half (``paradec.policy.Calibration``, as ``--step-scores`` does online), n chosen to maximize (1 + expected accepted) / T(n) — the best a
+     on the first half (``paradec.policy.Calibration``, as ``--step-scores`` does online), n chosen to maximize (1
+     + expected accepted) / T(n) — the best a
      per-step tree policy with these heads can expect to do;
    - oracle: a chain of exactly the tokens the target will accept (unreachable; an upper bound).
 
@@ -42,7 +43,7 @@ def step_costs(engine, prompts: list[str], max_new_tokens: int) -> dict[int, flo
     steps = {n: 0 for n in SIZES}
     engine.generate(prompts[0], method="medusa", max_new_tokens=16)  # warm-up
     for i, prompt in enumerate(prompts):
-        for n in SIZES[i % len(SIZES):] + SIZES[: i % len(SIZES)]:
+        for n in SIZES[i % len(SIZES) :] + SIZES[: i % len(SIZES)]:
             g = engine.generate(prompt, method="medusa", tree_nodes=n, max_new_tokens=max_new_tokens, ignore_eos=True)
             wall[n] += g.stats.wall_s - g.stats.prefill_s
             steps[n] += g.stats.steps
@@ -65,7 +66,7 @@ def positions(engine, prompts: list[str], max_new_tokens: int):
         first = len(ids) - len(g.token_ids) - 1  # the hidden state before the first new token
         for i in range(first, len(ids) - 2 - depth):
             # hidden at i -> root x[i+1] (the bonus); head d guesses x[i+2+d]
-            out.append((probs.values[i].tolist(), probs.indices[i].tolist(), ids[i + 2: i + 2 + depth]))
+            out.append((probs.values[i].tolist(), probs.indices[i].tolist(), ids[i + 2 : i + 2 + depth]))
     return out
 
 
@@ -93,7 +94,7 @@ def main() -> int:
     t0 = time.perf_counter()
     cost = step_costs(engine, prompts[: args.cost_prompts], args.max_new_tokens)
     data = positions(engine, prompts, args.max_new_tokens)
-    fit, test = data[: len(data) // 2], data[len(data) // 2:]
+    fit, test = data[: len(data) // 2], data[len(data) // 2 :]
     depth = len(fit[0][2])
 
     # rank acceptance (static trees) and the policy's own calibration of head probabilities, on `fit`
@@ -159,9 +160,21 @@ def main() -> int:
     table = markdown_table(rows, ["policy", "tau", "nodes_per_step", "tokens_per_s", "vs_static_16", "vs_best_static"])
     costs = markdown_table([{"nodes": n, "ms_per_step": cost[n]} for n in SIZES], ["nodes", "ms_per_step"])
     print(costs + "\n\n" + table)
-    write_json({"command": " ".join(sys.argv), "machine": machine(), "positions": len(data),
-                "ms_per_step": cost, "calibration": calib.table(), "rank_prob": rank_prob, "rows": rows,
-                "seconds": time.perf_counter() - t0, "table": table, "costs": costs}, args.out)
+    write_json(
+        {
+            "command": " ".join(sys.argv),
+            "machine": machine(),
+            "positions": len(data),
+            "ms_per_step": cost,
+            "calibration": calib.table(),
+            "rank_prob": rank_prob,
+            "rows": rows,
+            "seconds": time.perf_counter() - t0,
+            "table": table,
+            "costs": costs,
+        },
+        args.out,
+    )
     return 0
 
 

@@ -88,12 +88,19 @@ def main() -> int:
                     out = engine.generate(ids, max_new_tokens=n_new, ignore_eos=True, drafter=oracle)
                     dt = time.perf_counter() - t
                     # bf16: a top-2 tie within rounding can flip between pass shapes; report it
-                    ratios.setdefault((alpha, name), []).append((t_ar / dt, out.stats.tau,
-                                                                 out.token_ids == ref.token_ids))
+                    ratios.setdefault((alpha, name), []).append(
+                        (t_ar / dt, out.stats.tau, out.token_ids == ref.token_ids)
+                    )
         for (alpha, name), vals in ratios.items():
-            rec = {"size": size, "alpha": alpha, "tree": name, "nodes": 1 + OracleDrafter([], TREES[name], 0, 1).max_nodes,
-                   "tau": statistics.mean(v[1] for v in vals), "speedup": statistics.mean(v[0] for v in vals),
-                   "identical_to_ar": statistics.mean(float(v[2]) for v in vals)}
+            rec = {
+                "size": size,
+                "alpha": alpha,
+                "tree": name,
+                "nodes": 1 + OracleDrafter([], TREES[name], 0, 1).max_nodes,
+                "tau": statistics.mean(v[1] for v in vals),
+                "speedup": statistics.mean(v[0] for v in vals),
+                "identical_to_ar": statistics.mean(float(v[2]) for v in vals),
+            }
             speed.append(rec)
             print(f"{size} alpha={alpha} {name}: tau {rec['tau']:.2f} speedup x{rec['speedup']:.2f}", flush=True)
     table = markdown_table(speed, ["size", "alpha", "tree", "nodes", "tau", "speedup", "identical_to_ar"])
@@ -101,8 +108,17 @@ def main() -> int:
     cost_table = markdown_table(cost_rows, ["size", "tokens", "ms", "ratio_to_1"])
     print(table)
     print(cost_table)
-    write_json({"command": " ".join(sys.argv), "machine": machine(), "speedup": speed, "verify_cost": costs,
-                "table": table, "cost_table": cost_table}, args.out)
+    write_json(
+        {
+            "command": " ".join(sys.argv),
+            "machine": machine(),
+            "speedup": speed,
+            "verify_cost": costs,
+            "table": table,
+            "cost_table": cost_table,
+        },
+        args.out,
+    )
     return 0
 
 

@@ -44,8 +44,13 @@ def subset(records: list[dict], name: str, wanted: set[str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("results", help="a `paradec bench --out` directory")
-    ap.add_argument("--subset", action="append", default=[], metavar="NAME=CAT,CAT,...",
-                    help="a table over these categories (repeatable)")
+    ap.add_argument(
+        "--subset",
+        action="append",
+        default=[],
+        metavar="NAME=CAT,CAT,...",
+        help="a table over these categories (repeatable)",
+    )
     ap.add_argument("--exclude", default="", metavar="ID,...", help="prompt ids to leave out of every table")
     args = ap.parse_args()
     out_dir = Path(args.results)
@@ -61,14 +66,22 @@ def main() -> None:
     summary = summarize(records, result["config"]["methods"]) if excluded else result["summary"]
     note = f"(prompts left out: {', '.join(sorted(excluded))})\n\n" if excluded else ""
     found = {r["category"] for r in records}
-    tables = {"grid": note + "Speedup vs `ar`:\n\n" + grid(summary, "speedup_vs_ar")
-              + "\n\ntau (tokens per target pass):\n\n" + grid(summary, "tau")}
+    tables = {
+        "grid": note
+        + "Speedup vs `ar`:\n\n"
+        + grid(summary, "speedup_vs_ar")
+        + "\n\ntau (tokens per target pass):\n\n"
+        + grid(summary, "tau")
+    }
     for spec in args.subset:
         name, _, cats = spec.partition("=")
         wanted = set(filter(None, cats.split(",")))
         if not name or not wanted or wanted - found:
-            print(f"error: --subset {spec!r}: want NAME=CAT,CAT,... with categories of this run "
-                  f"({', '.join(sorted(found))})", file=sys.stderr)
+            print(
+                f"error: --subset {spec!r}: want NAME=CAT,CAT,... with categories of this run "
+                f"({', '.join(sorted(found))})",
+                file=sys.stderr,
+            )
             sys.exit(2)
         tables[name] = note + subset(records, name, wanted)
     for name, table in tables.items():

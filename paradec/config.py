@@ -50,7 +50,7 @@ class ModelConfig:
         return self.max_position_embeddings
 
     @classmethod
-    def from_hf(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
+    def from_hf(cls, raw: dict, source: str = "config.json") -> ModelConfig:
         if not isinstance(raw, dict):
             raise ParadecError(f"{source} is not a JSON object; pass a Hugging Face config.json")
         archs = raw.get("architectures") or []
@@ -100,38 +100,51 @@ class ModelConfig:
                 eos_token_ids=eos_ids,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ParadecError(f"{source} is missing or has a bad field ({exc}); "
-                               "pass a Hugging Face Llama/Qwen2/Mistral config.json") from None
+            raise ParadecError(
+                f"{source} is missing or has a bad field ({exc}); pass a Hugging Face Llama/Qwen2/Mistral config.json"
+            ) from None
 
     def __post_init__(self) -> None:
-        sizes = {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
-                 "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_heads,
-                 "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
-                 "max_position_embeddings": self.max_position_embeddings}
+        sizes = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+        }
         bad = [k for k, v in sizes.items() if v < 1]
         if bad:
             raise ParadecError(f"config.json has {bad[0]} = {sizes[bad[0]]}; it must be >= 1 (a broken config)")
         if self.num_heads % self.num_kv_heads:
-            raise ParadecError(f"config.json has {self.num_heads} attention heads, not a multiple of "
-                               f"{self.num_kv_heads} key/value heads (a broken config)")
+            raise ParadecError(
+                f"config.json has {self.num_heads} attention heads, not a multiple of "
+                f"{self.num_kv_heads} key/value heads (a broken config)"
+            )
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise ParadecError(f"no config.json in {model_dir}; pass model=PATH to a Hugging Face "
-                               "model directory (config.json + *.safetensors)")
+            raise ParadecError(
+                f"no config.json in {model_dir}; pass model=PATH to a Hugging Face "
+                "model directory (config.json + *.safetensors)"
+            )
         try:
             raw = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ParadecError(f"{path} is not valid JSON ({exc.__class__.__name__}); "
-                               "re-export the checkpoint") from None
+            raise ParadecError(
+                f"{path} is not valid JSON ({exc.__class__.__name__}); re-export the checkpoint"
+            ) from None
         return cls.from_hf(raw, str(path))
 
 
 def _arch_from_model_type(model_type: str | None) -> str:
-    return {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "mistral": "MistralForCausalLM"}.get(model_type or "", str(model_type))
+    return {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(
+        model_type or "", str(model_type)
+    )
 
 
 def _normalize_rope_scaling(rs: dict | None, source: str) -> tuple | None:
@@ -143,10 +156,14 @@ def _normalize_rope_scaling(rs: dict | None, source: str) -> tuple | None:
     if kind == "default":
         return None
     if kind not in ("linear", "llama3"):
-        raise ParadecError(f"unsupported rope_scaling type {kind!r} in {source}; "
-                           "paradec supports default, linear and llama3 RoPE")
-    keep = {k: v for k, v in rs.items() if k in
-            ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+        raise ParadecError(
+            f"unsupported rope_scaling type {kind!r} in {source}; paradec supports default, linear and llama3 RoPE"
+        )
+    keep = {
+        k: v
+        for k, v in rs.items()
+        if k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    }
     return tuple(sorted({**keep, "rope_type": kind}.items()))
 
 
@@ -166,8 +183,10 @@ class SamplingConfig:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ParadecError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if 0 < self.temperature < MIN_TEMPERATURE:  # logits / temperature would overflow to inf
-            raise ParadecError(f"temperature {self.temperature:g} is too small to sample with; use 0 for greedy "
-                               f"or >= {MIN_TEMPERATURE:g}")
+            raise ParadecError(
+                f"temperature {self.temperature:g} is too small to sample with; use 0 for greedy "
+                f"or >= {MIN_TEMPERATURE:g}"
+            )
         if self.top_k < 0:
             raise ParadecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -247,9 +266,11 @@ class SpecConfig:
         if not self.expansion or any(k < 1 for k in self.expansion):
             raise ParadecError(f"expansion must be a non-empty list of integers >= 1, got {self.expansion}")
         if expansion_nodes(self.expansion) > MAX_TREE_NODES:
-            raise ParadecError(f"expansion {','.join(map(str, self.expansion))} makes a tree of "
-                               f"{expansion_nodes(self.expansion)} nodes per SSM; the limit is {MAX_TREE_NODES}: "
-                               "use fewer or narrower levels")
+            raise ParadecError(
+                f"expansion {','.join(map(str, self.expansion))} makes a tree of "
+                f"{expansion_nodes(self.expansion)} nodes per SSM; the limit is {MAX_TREE_NODES}: "
+                "use fewer or narrower levels"
+            )
         draft = max(most for _, most in PLD_DRAFT.values()) if self.num_draft is None else self.num_draft
         if draft > MAX_TREE_NODES or self.ngram_branches * draft > MAX_TREE_NODES:
             raise ParadecError(f"num_draft x ngram_branches must be <= {MAX_TREE_NODES}")

@@ -33,10 +33,32 @@ import torch
 from paradec.config import ModelConfig
 
 # the CPU flags that decide which kernels are fast (x86 and ARM spellings)
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
-             "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimddp", "sve", "bf16", "i8mm")
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
-          "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+ISA_FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "asimddp",
+    "sve",
+    "bf16",
+    "i8mm",
+)
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 # the weight formats measured for every model: name -> (activation dtype, the decoder linears' weights);
 # any other pair is named "int4-fp32" and the like, and measured only when asked for
 FORMATS = {"bf16": ("bf16", "none"), "fp32": ("fp32", "none"), "int8": ("bf16", "int8"), "int4": ("bf16", "int4")}
@@ -64,8 +86,9 @@ class CpuInfo:
     @property
     def kind(self) -> str:
         """One line: "AMD EPYC (AVX2, no native bf16), 2 threads"."""
-        top = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "sve", "asimd") if f in self.isa),
-                   self.machine)
+        top = next(
+            (f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "sve", "asimd") if f in self.isa), self.machine
+        )
         bf16 = "native bf16" if self.native_bf16 else "no native bf16"
         return f"{self.model} ({top.upper()}, {bf16}; torch dispatches {self.capability}), {self.threads} threads"
 
@@ -86,8 +109,15 @@ def cpu_info() -> CpuInfo:
     except OSError:  # not Linux: the flags stay unknown, the timings still decide
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return CpuInfo(model, platform.machine(), tuple(f for f in ISA_FLAGS if f in flags), cores,
-                   torch.get_num_threads(), torch.__version__, torch.backends.cpu.get_cpu_capability())
+    return CpuInfo(
+        model,
+        platform.machine(),
+        tuple(f for f in ISA_FLAGS if f in flags),
+        cores,
+        torch.get_num_threads(),
+        torch.__version__,
+        torch.backends.cpu.get_cpu_capability(),
+    )
 
 
 @dataclass(frozen=True)
@@ -116,7 +146,7 @@ class PassCost:
         return self.predict(positions) / self.predict(1)
 
     @staticmethod
-    def flat(seconds: float = 0.01) -> "PassCost":
+    def flat(seconds: float = 0.01) -> PassCost:
         """Every width costs the same (a fixed curve for tests: verified nodes always pay; drafting
         still pays only for its measured time, unless the engine has no budget)."""
         return PassCost("flat", (1,), (seconds,))
@@ -137,13 +167,17 @@ class Profile:
 
     def table(self) -> list[dict]:
         """Rows for a Markdown table: format, then ms per pass at each width."""
-        return [{"format": f, **{f"w={w}": round(s * 1000, 1) for w, s in zip(c.widths, c.seconds)}}
-                for f, c in self.costs.items()]
+        return [
+            {"format": f, **{f"w={w}": round(s * 1000, 1) for w, s in zip(c.widths, c.seconds)}}
+            for f, c in self.costs.items()
+        ]
 
 
 def shape_of(cfg: ModelConfig) -> str:
-    return (f"L{cfg.num_layers} d{cfg.hidden_size} ff{cfg.intermediate_size} h{cfg.num_heads}/{cfg.num_kv_heads}"
-            f"x{cfg.head_dim} v{cfg.vocab_size}{' qkvb' if cfg.qkv_bias else ''}")
+    return (
+        f"L{cfg.num_layers} d{cfg.hidden_size} ff{cfg.intermediate_size} h{cfg.num_heads}/{cfg.num_kv_heads}"
+        f"x{cfg.head_dim} v{cfg.vocab_size}{' qkvb' if cfg.qkv_bias else ''}"
+    )
 
 
 def profile_path(home: Path, cpu: CpuInfo, cfg: ModelConfig, exact: bool) -> Path:
@@ -151,8 +185,14 @@ def profile_path(home: Path, cpu: CpuInfo, cfg: ModelConfig, exact: bool) -> Pat
     return home / "profiles" / f"{cpu.key()}-{shape}.json"
 
 
-def profile(cfg: ModelConfig, formats: tuple[str, ...], home: Path, exact: bool = True,
-            remeasure: bool = False, widths: tuple[int, ...] = WIDTHS) -> tuple[Profile, Path]:
+def profile(
+    cfg: ModelConfig,
+    formats: tuple[str, ...],
+    home: Path,
+    exact: bool = True,
+    remeasure: bool = False,
+    widths: tuple[int, ...] = WIDTHS,
+) -> tuple[Profile, Path]:
     """The pass-cost curves of ``formats`` for a model of ``cfg``'s shape on this CPU: read from
     the cache, measuring (and adding) the formats it lacks. -> (profile, its cache file)."""
     cpu = cpu_info()
@@ -174,9 +214,16 @@ def profile(cfg: ModelConfig, formats: tuple[str, ...], home: Path, exact: bool 
         costs.update(fresh)
         measured_s += time.perf_counter() - t0
         if others <= BUSY_CORES:  # a profile taken while other processes held the cores is not kept
-            _write_json(path, {"cpu": asdict(cpu), "shape": shape_of(cfg), "exact": exact, "measured_s": measured_s,
-                               "costs": {f: {"widths": list(c.widths), "seconds": list(c.seconds)}
-                                         for f, c in costs.items()}})
+            _write_json(
+                path,
+                {
+                    "cpu": asdict(cpu),
+                    "shape": shape_of(cfg),
+                    "exact": exact,
+                    "measured_s": measured_s,
+                    "costs": {f: {"widths": list(c.widths), "seconds": list(c.seconds)} for f, c in costs.items()},
+                },
+            )
     return Profile(cpu, shape_of(cfg), costs, measured_s, others > BUSY_CORES), path
 
 
@@ -189,8 +236,9 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def measure(cfg: ModelConfig, formats: tuple[str, ...], exact: bool = True, widths: tuple[int, ...] = WIDTHS,
-            reps: int = 3) -> tuple[dict[str, PassCost], float]:
+def measure(
+    cfg: ModelConfig, formats: tuple[str, ...], exact: bool = True, widths: tuple[int, ...] = WIDTHS, reps: int = 3
+) -> tuple[dict[str, PassCost], float]:
     """Time one pass per width and format on random weights of ``cfg``'s shapes: ``reps`` rounds
     over every (format, width), interleaved so a burst of other load hits all of them, and the
     minimum of each (noise only adds time). -> (curves, the share of the CPU this process got
@@ -221,8 +269,9 @@ def measure(cfg: ModelConfig, formats: tuple[str, ...], exact: bool = True, widt
         if busy is not None:  # CPU seconds the rest of the machine spent, per second of measuring
             others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine))
             others /= max(1e-9, time.perf_counter() - wall)
-    out = {fmt: PassCost(fmt, tuple(widths), tuple(_monotone([cases[fmt, w].seconds for w in widths])))
-           for fmt in formats}
+    out = {
+        fmt: PassCost(fmt, tuple(widths), tuple(_monotone([cases[fmt, w].seconds for w in widths]))) for fmt in formats
+    }
     return out, others
 
 
@@ -343,8 +392,9 @@ class ParadecWarning(UserWarning):
     """A choice that works but costs: the message names the measured cost and the fix."""
 
 
-def choose_format(model_dir: Path, dtype: str | torch.dtype, quant: str, device: str, exact: bool = True,
-                  home: Path | None = None) -> FormatChoice:
+def choose_format(
+    model_dir: Path, dtype: str | torch.dtype, quant: str, device: str, exact: bool = True, home: Path | None = None
+) -> FormatChoice:
     """Resolve ``dtype`` / ``quant`` ("auto" or explicit) for ``model_dir`` on ``device``."""
     import warnings
 
@@ -382,10 +432,13 @@ def choose_format(model_dir: Path, dtype: str | torch.dtype, quant: str, device:
         name = asked
         reason = "asked for"
         if ms[asked] > SLOWER_WARNING * ms[best]:
-            warnings.warn(ParadecWarning(
-                f"{asked} costs {ms[asked] / ms[best]:.1f}x {best}'s `ar` step on this CPU ({ms[asked]:.0f} vs "
-                f"{ms[best]:.0f} ms, measured; `paradec doctor` shows all); leave dtype/quant at auto to run {best}"),
-                stacklevel=3)
+            warnings.warn(
+                ParadecWarning(
+                    f"{asked} costs {ms[asked] / ms[best]:.1f}x {best}'s `ar` step on this CPU ({ms[asked]:.0f} vs "
+                    f"{ms[best]:.0f} ms, measured; `paradec doctor` shows all); leave dtype/quant at auto to run {best}"
+                ),
+                stacklevel=3,
+            )
     d, q = format_parts(name)
     return FormatChoice(name, DTYPES[d], q, prof.costs[name], reason, allowed, prof, path)
 
@@ -396,11 +449,12 @@ def _model_config(model_dir: Path) -> ModelConfig:
     from paradec.models.adapter import is_adapter, read_adapter
 
     if not Path(model_dir).is_dir():
-        raise ParadecError(f"model directory {str(model_dir)!r} does not exist; pass model=PATH "
-                           "to a Hugging Face-format directory (config.json + *.safetensors)")
+        raise ParadecError(
+            f"model directory {str(model_dir)!r} does not exist; pass model=PATH "
+            "to a Hugging Face-format directory (config.json + *.safetensors)"
+        )
     if is_adapter(model_dir):
         from paradec.models.gguf import resolve_model
 
         return ModelConfig.from_dir(resolve_model(read_adapter(model_dir)[1]))
     return ModelConfig.from_dir(model_dir)
-

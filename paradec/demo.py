@@ -26,8 +26,14 @@ SHOWN = ("ar", "specinfer", "pld", "medusa", "propd", "eagle", "eagle+ngram")
 OPTIONS = {"specinfer": {"expansion": (1, 1, 1, 1)}, "specinfer+ngram": {"expansion": (1, 1, 1, 1)}}
 
 
-def run_demo(max_new_tokens: int = 64, dtype: str = "auto", model: str | Path | None = None, aspd: bool = False,
-             out=sys.stdout, quant: str = "auto") -> list[dict]:
+def run_demo(
+    max_new_tokens: int = 64,
+    dtype: str = "auto",
+    model: str | Path | None = None,
+    aspd: bool = False,
+    out=sys.stdout,
+    quant: str = "auto",
+) -> list[dict]:
     model = model if model is not None else default_gguf()
     drafts, heads = companions(model)
     print(f"paradec demo: loading {Path(str(model)).name} (a GGUF file is converted once and cached)", file=out)
@@ -35,13 +41,19 @@ def run_demo(max_new_tokens: int = 64, dtype: str = "auto", model: str | Path | 
     prompts = load_prompts(files("paradec") / "data" / "demo_chat.jsonl")
     chat = engine.tokenizer.has_chat_template
     convs = [[{"role": "user", "content": p.text}] if chat else p.text for p in prompts]
-    methods = {name: {"method": name, **OPTIONS.get(name, {})} for name in SHOWN
-               if registry.get(name).lossless and not registry.get(name).missing(engine)}
+    methods = {
+        name: {"method": name, **OPTIONS.get(name, {})}
+        for name in SHOWN
+        if registry.get(name).lossless and not registry.get(name).missing(engine)
+    }
     engine.generate(convs[0], max_new_tokens=4)  # warm-up
     rows = []
-    print(f"{len(engine.drafts)} SSM, {'Medusa heads' if engine.heads else 'no heads'}, "
-          f"{'an EAGLE head' if engine.eagle else 'no EAGLE head'}; greedy, up to {max_new_tokens} new tokens per "
-          f"answer\nformat {engine.format.name} ({engine.format.reason})\n", file=out)
+    print(
+        f"{len(engine.drafts)} SSM, {'Medusa heads' if engine.heads else 'no heads'}, "
+        f"{'an EAGLE head' if engine.eagle else 'no EAGLE head'}; greedy, up to {max_new_tokens} new tokens per "
+        f"answer\nformat {engine.format.name} ({engine.format.reason})\n",
+        file=out,
+    )
     for p, conv in zip(prompts, convs):
         print("=" * 72 + f"\nuser: {p.text}\nassistant: ", end="", file=out)
         for piece in engine.stream(conv, max_new_tokens=max_new_tokens):
@@ -51,19 +63,32 @@ def run_demo(max_new_tokens: int = 64, dtype: str = "auto", model: str | Path | 
         ref = engine.generate(conv, max_new_tokens=max_new_tokens)
         for name, opts in methods.items():
             g = ref if name == "ar" else engine.generate(conv, max_new_tokens=max_new_tokens, **opts)
-            row = {"prompt": p.id, "method": name, "tau": g.stats.tau, "tokens_per_s": g.stats.tokens_per_s,
-                   "speedup": ref.stats.wall_s / g.stats.wall_s * len(g.token_ids) / max(1, len(ref.token_ids)),
-                   "identical": g.token_ids == ref.token_ids}
+            row = {
+                "prompt": p.id,
+                "method": name,
+                "tau": g.stats.tau,
+                "tokens_per_s": g.stats.tokens_per_s,
+                "speedup": ref.stats.wall_s / g.stats.wall_s * len(g.token_ids) / max(1, len(ref.token_ids)),
+                "identical": g.token_ids == ref.token_ids,
+            }
             rows.append(row)
-            print(f"  {name:<16} tau {row['tau']:5.2f}   {row['tokens_per_s']:6.1f} tok/s   "
-                  f"x{row['speedup']:.2f} vs ar   identical: {row['identical']}", file=out)
+            print(
+                f"  {name:<16} tau {row['tau']:5.2f}   {row['tokens_per_s']:6.1f} tok/s   "
+                f"x{row['speedup']:.2f} vs ar   identical: {row['identical']}",
+                file=out,
+            )
     summary = []
     for name in methods:
         mine = [r for r in rows if r["method"] == name]
-        summary.append({"method": name, "tau": statistics.mean(r["tau"] for r in mine),
-                        "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine),
-                        "speedup_vs_ar": statistics.mean(r["speedup"] for r in mine),
-                        "identical": f"{sum(r['identical'] for r in mine)}/{len(mine)}"})
+        summary.append(
+            {
+                "method": name,
+                "tau": statistics.mean(r["tau"] for r in mine),
+                "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine),
+                "speedup_vs_ar": statistics.mean(r["speedup"] for r in mine),
+                "identical": f"{sum(r['identical'] for r in mine)}/{len(mine)}",
+            }
+        )
     print("\n" + markdown_table(summary, ["method", "tau", "tokens_per_s", "speedup_vs_ar", "identical"]), file=out)
     if aspd:
         aspd_demo(max_new_tokens * 2, dtype, out)
@@ -76,8 +101,11 @@ def aspd_demo(max_new_tokens: int, dtype: str, out=sys.stdout, n_prompts: int = 
     product, so the comparison is speed and how much ran in parallel."""
     engine = paradec.load(bundled("aspd", "adapter.json"), dtype=dtype)
     prompts = load_prompts("stdlib:heldout", n_prompts)
-    print("\n" + "=" * 72 + f"\nASPD: the bundled ASPD adapter on code followed by independent functions "
-          f"(held-out stdlib), {max_new_tokens} new tokens\n", file=out)
+    print(
+        "\n" + "=" * 72 + f"\nASPD: the bundled ASPD adapter on code followed by independent functions "
+        f"(held-out stdlib), {max_new_tokens} new tokens\n",
+        file=out,
+    )
     engine.generate(prompts[0].text, method="aspd", max_new_tokens=4)  # warm-up
     rows = []
     for p in prompts:
@@ -87,12 +115,19 @@ def aspd_demo(max_new_tokens: int, dtype: str, out=sys.stdout, n_prompts: int = 
         print(g.text, file=out)
         x = g.stats.extra
         plain = len(engine.tokenizer.encode(g.text))
-        row = {"prompt": p.id, "branches": x["branches"], "parallel_steps": x["parallel_steps"],
-               "steps": g.stats.steps, "plain_tokens": plain,
-               "speedup_vs_ar": (plain / g.stats.wall_s) / (ar.stats.new_tokens / ar.stats.wall_s)}
+        row = {
+            "prompt": p.id,
+            "branches": x["branches"],
+            "parallel_steps": x["parallel_steps"],
+            "steps": g.stats.steps,
+            "plain_tokens": plain,
+            "speedup_vs_ar": (plain / g.stats.wall_s) / (ar.stats.new_tokens / ar.stats.wall_s),
+        }
         rows.append(row)
-        print(f"  aspd: {x['groups']} group(s), {x['branches']} branches, {x['parallel_steps']} of "
-              f"{g.stats.steps} passes parallel, {plain} plain tokens, x{row['speedup_vs_ar']:.2f} tokens/s vs ar",
-              file=out)
+        print(
+            f"  aspd: {x['groups']} group(s), {x['branches']} branches, {x['parallel_steps']} of "
+            f"{g.stats.steps} passes parallel, {plain} plain tokens, x{row['speedup_vs_ar']:.2f} tokens/s vs ar",
+            file=out,
+        )
     print("\n" + markdown_table(rows, list(rows[0])), file=out)
     return rows

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from paradec.bench.report import markdown_table
-from paradec.cpu import WIDTHS, choose_format, cpu_info, profile, source_formats, _model_config
+from paradec.cpu import WIDTHS, _model_config, choose_format, cpu_info, profile, source_formats
 from paradec.models.gguf import paradec_home, resolve_model
 
 
@@ -28,18 +28,30 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
     prof, path = choice.profile, choice.profile_path
     backend, lc = _backend(model, model_dir, choice.cost, remeasure)
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    report = {"cpu": asdict(cpu), "kind": cpu.kind, "blas": blas.group(1) if blas else "unknown",
-              "model": Path(str(model)).name, "shape": prof.shape, "allowed": list(allowed),
-              "chosen": choice.name, "reason": choice.reason, "profile": str(path),
-              "measured_s": round(prof.measured_s, 1), "noisy": prof.noisy,
-              "backend": backend,
-              "ms_per_pass": {f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS}
-                              for f, c in {**prof.costs, **({"llamacpp": lc} if lc else {})}.items()}}
+    report = {
+        "cpu": asdict(cpu),
+        "kind": cpu.kind,
+        "blas": blas.group(1) if blas else "unknown",
+        "model": Path(str(model)).name,
+        "shape": prof.shape,
+        "allowed": list(allowed),
+        "chosen": choice.name,
+        "reason": choice.reason,
+        "profile": str(path),
+        "measured_s": round(prof.measured_s, 1),
+        "noisy": prof.noisy,
+        "backend": backend,
+        "ms_per_pass": {
+            f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS}
+            for f, c in {**prof.costs, **({"llamacpp": lc} if lc else {})}.items()
+        },
+    }
     if as_json:
         return json.dumps(report)
     cost = choice.cost
-    table = prof.table() + ([{"format": "llamacpp", **{f"w={w}": round(s * 1000, 1) for w, s in zip(lc.widths, lc.seconds)}}]
-                            if lc else [])
+    table = prof.table() + (
+        [{"format": "llamacpp", **{f"w={w}": round(s * 1000, 1) for w, s in zip(lc.widths, lc.seconds)}}] if lc else []
+    )
     lines = [
         f"CPU       {cpu.kind}",
         f"          {cpu.cores} logical CPUs; flags: {' '.join(cpu.isa) or 'unknown'}; torch {cpu.torch}, BLAS "
@@ -48,8 +60,9 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         f"format    {choice.name}: {choice.reason}",
         f"          a pass of 2 / 4 / 8 / 16 nodes costs {' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8, 16))}"
         " `ar` steps: the draft budget starts from this curve",
-        f"profile   {path} (measured in {prof.measured_s:.1f} s; --remeasure to redo)" if not prof.noisy else
-        "profile   not cached: other processes kept the cores busy while measuring; rerun on a quiet machine",
+        f"profile   {path} (measured in {prof.measured_s:.1f} s; --remeasure to redo)"
+        if not prof.noisy
+        else "profile   not cached: other processes kept the cores busy while measuring; rerun on a quiet machine",
         f"backend   {backend}",
         "",
         f"ms per target pass, by verified width (batch 1, {prof.shape}; llamacpp: the whole GGUF in llama.cpp):",
@@ -73,6 +86,8 @@ def _backend(model, model_dir: Path, torch_cost, remeasure: bool):
     cost, _, _ = llamacpp_cost(lc, paradec_home(), remeasure)
     ms, torch_ms = cost.predict(1) * 1e3, torch_cost.predict(1) * 1e3
     pick = "llamacpp" if ms < torch_ms else "torch"
-    return (f"auto, for `ar`: {pick} (llama.cpp's `ar` step {ms:.0f} ms, torch's {torch_ms:.0f} ms); drafting "
-            "methods run on torch (llama.cpp's batched logits are not its single-token ones); a llama.cpp pass of "
-            f"2 / 4 / 8 tokens costs {' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8))} of its `ar` steps"), cost
+    return (
+        f"auto, for `ar`: {pick} (llama.cpp's `ar` step {ms:.0f} ms, torch's {torch_ms:.0f} ms); drafting "
+        "methods run on torch (llama.cpp's batched logits are not its single-token ones); a llama.cpp pass of "
+        f"2 / 4 / 8 tokens costs {' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8))} of its `ar` steps"
+    ), cost

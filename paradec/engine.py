@@ -11,29 +11,29 @@ proposes trees and the acceptance rule (``paradec.verify``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
-from paradec.config import GenerationConfig, ModelConfig
 from paradec import methods
-from paradec.draft import Drafter
+from paradec.config import GenerationConfig, ModelConfig
 from paradec.cpu import DTYPES, FormatChoice, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
+from paradec.draft import Drafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
-from paradec.models.gguf import is_gguf, paradec_home, resolve_model
-from paradec.models.llamacpp import BACKENDS, LlamaCppModel, available as llamacpp_available, llamacpp_cost
 from paradec.models.eagle import EagleHead, load_eagle
+from paradec.models.gguf import is_gguf, paradec_home, resolve_model
 from paradec.models.heads import Heads, load_heads
+from paradec.models.llamacpp import BACKENDS, LlamaCppModel, llamacpp_cost
+from paradec.models.llamacpp import available as llamacpp_available
 from paradec.models.quant import QUANTS, quantize_linears
 from paradec.policy import TreePolicy
 from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
 from paradec.state import Generation, Row, Stats, StepEvent
 from paradec.tokenizer import Tokenizer, load_tokenizer
-
 
 
 class Engine:
@@ -79,26 +79,35 @@ class Engine:
         dtype = self.model.embed.weight.dtype
         for path in paths:
             if not Path(path).is_dir():
-                raise ParadecError(f"draft directory {str(path)!r} does not exist; pass drafts=PATH to a "
-                                   "Hugging Face-format draft model that shares the target's tokenizer")
+                raise ParadecError(
+                    f"draft directory {str(path)!r} does not exist; pass drafts=PATH to a "
+                    "Hugging Face-format draft model that shares the target's tokenizer"
+                )
             if not (Path(path) / "config.json").is_file():  # not the target's "pass model=PATH"
-                raise ParadecError(f"draft directory {str(path)!r} has no config.json; pass drafts=PATH to a "
-                                   "Hugging Face-format draft model directory")
+                raise ParadecError(
+                    f"draft directory {str(path)!r} has no config.json; pass drafts=PATH to a "
+                    "Hugging Face-format draft model directory"
+                )
             draft = load_model(path, dtype, self.device)
             draft.set_exact(False)  # a draft's rounding never reaches the output
             quantize_linears(draft, self.quant)
             if draft.config.vocab_size != self.model.config.vocab_size:
-                raise ParadecError(f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "
-                                   f"{self.model.config.vocab_size}; a draft must share the target's tokenizer")
+                raise ParadecError(
+                    f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "
+                    f"{self.model.config.vocab_size}; a draft must share the target's tokenizer"
+                )
             if (Path(path) / "tokenizer.json").is_file():
                 if load_tokenizer(Path(path), ()).hf.get_vocab() != target_vocab:
-                    raise ParadecError(f"draft {path} has a different tokenizer from the target; "
-                                       "a draft must share the target's tokenizer")
+                    raise ParadecError(
+                        f"draft {path} has a different tokenizer from the target; "
+                        "a draft must share the target's tokenizer"
+                    )
             self.drafts.append(draft)
 
     # ---- public API -------------------------------------------------------------------------
-    def generate(self, prompts: str | list[int] | list[str] | list[list[int]], *, chat: bool = False,
-                 drafter=None, **options) -> Generation | list[Generation]:
+    def generate(
+        self, prompts: str | list[int] | list[str] | list[list[int]], *, chat: bool = False, drafter=None, **options
+    ) -> Generation | list[Generation]:
         """Decode one prompt (str, token ids, or a conversation: a list of ``{"role", "content"}``
         messages, put through the model's chat template) or a batch (a list of them).
 
@@ -157,12 +166,22 @@ class Engine:
             safe -= 1
         return text[sent:safe], safe
 
-    def config(self, method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
-               ignore_eos: bool = False, **spec) -> GenerationConfig:
+    def config(
+        self,
+        method: str = "ar",
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        ignore_eos: bool = False,
+        **spec,
+    ) -> GenerationConfig:
         """The frozen ``GenerationConfig`` for these options (validated, against this engine too)."""
-        gen = methods.generation_config(method, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos,
-                                        **spec)
+        gen = methods.generation_config(
+            method, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, **spec
+        )
         methods.get(method).check(self, gen)
         return gen
 
@@ -198,18 +217,22 @@ class Engine:
             try:
                 prompt.encode("utf-8")
             except UnicodeEncodeError:
-                raise ParadecError("the prompt is not valid UTF-8 text; pass UTF-8 (e.g. fix the terminal's "
-                                   "encoding or the file the prompt came from)") from None
+                raise ParadecError(
+                    "the prompt is not valid UTF-8 text; pass UTF-8 (e.g. fix the terminal's "
+                    "encoding or the file the prompt came from)"
+                ) from None
             ids = self.tokenizer.encode(prompt, chat)
         else:
-            raise ParadecError(f"a prompt must be a string, token ids or a list of messages, not "
-                               f"{type(prompt).__name__}")
+            raise ParadecError(
+                f"a prompt must be a string, token ids or a list of messages, not {type(prompt).__name__}"
+            )
         if not ids:
             raise ParadecError("the prompt is empty after tokenization; pass some text")
         limit = self.model.config.context_length
         if len(ids) >= limit:
-            raise ParadecError(f"the prompt has {len(ids)} tokens but the model's context is {limit}; "
-                               "shorten the prompt")
+            raise ParadecError(
+                f"the prompt has {len(ids)} tokens but the model's context is {limit}; shorten the prompt"
+            )
         vocab = self.model.config.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise ParadecError(f"prompt token ids must be in [0, {vocab})")
@@ -222,8 +245,9 @@ class Engine:
             g = None
             if not gen.sampling.greedy:
                 g = torch.Generator(device=self.device)
-                g.manual_seed(gen.sampling.seed if gen.sampling.seed is not None else
-                              int(torch.randint(0, 2**62, ()).item()))
+                g.manual_seed(
+                    gen.sampling.seed if gen.sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
+                )
             budget = min(gen.max_new_tokens, limit - len(prompt))
             rows.append(Row(list(prompt), len(prompt), g, Stats(gen.method), budget=budget))
         return rows
@@ -248,12 +272,23 @@ def _as_batch(prompts) -> tuple[bool, list]:
     return False, list(prompts)
 
 
-def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str = "cpu",
-         drafts: list[str | Path] = (), heads: str | Path | None = None, eagle: str | Path | None = None,
-         exact: bool = True,
-         quant: str = "auto", quant_head: str | None = None, threads: int | None = None,
-         warmup: bool = True, batch_budget: bool = True, cost: PassCost | None = None,
-         backend: str | None = None, methods_used: tuple[str, ...] | None = None) -> Engine:
+def load(
+    model_dir: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str = "cpu",
+    drafts: list[str | Path] = (),
+    heads: str | Path | None = None,
+    eagle: str | Path | None = None,
+    exact: bool = True,
+    quant: str = "auto",
+    quant_head: str | None = None,
+    threads: int | None = None,
+    warmup: bool = True,
+    batch_budget: bool = True,
+    cost: PassCost | None = None,
+    backend: str | None = None,
+    methods_used: tuple[str, ...] | None = None,
+) -> Engine:
     """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
     ``specinfer``) into an ``Engine``. ``exact`` (default): decode and verification passes use
     shape-invariant numerics, so every lossless method's greedy tokens equal `ar`'s in bf16 too
@@ -296,8 +331,9 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ParadecError(f"unknown device {device!r}; use cpu or cuda")
     if quant not in ("auto", *QUANTS) or quant_head not in (None, *QUANTS):
-        raise ParadecError(f"unknown quant {quant!r} / quant_head {quant_head!r}; use auto or one of "
-                           f"{', '.join(QUANTS)}")
+        raise ParadecError(
+            f"unknown quant {quant!r} / quant_head {quant_head!r}; use auto or one of {', '.join(QUANTS)}"
+        )
     if quant not in ("none", "auto") and not device.startswith("cpu"):
         raise ParadecError(f"quant={quant} uses torch's packed CPU kernels; use device=cpu or quant=none")
     if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
@@ -306,10 +342,19 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
     if backend not in BACKENDS:
         raise ParadecError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     source = Path(model_dir)
-    torch_only = [what for what, asked in (("drafts", bool(drafts)), ("heads", heads is not None),
-                                           ("eagle", eagle is not None), ("dtype", dtype != "auto"),
-                                           ("quant", quant != "auto" or quant_head is not None),
-                                           ("device", device != "cpu"), ("exact=False", not exact)) if asked]
+    torch_only = [
+        what
+        for what, asked in (
+            ("drafts", bool(drafts)),
+            ("heads", heads is not None),
+            ("eagle", eagle is not None),
+            ("dtype", dtype != "auto"),
+            ("quant", quant != "auto" or quant_head is not None),
+            ("device", device != "cpu"),
+            ("exact=False", not exact),
+        )
+        if asked
+    ]
     elsewhere = [m for m in methods_used or () if "llamacpp" not in methods.get(m).backends]
     if elsewhere:
         torch_only.append(f"method {', '.join(elsewhere)}")
@@ -317,9 +362,11 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
         if not is_gguf(source):
             raise ParadecError("the llamacpp backend runs a GGUF file; pass model=FILE.gguf, or backend=torch")
         if torch_only:
-            raise ParadecError(f"the llamacpp backend cannot take {', '.join(torch_only)} (llama.cpp runs the GGUF's "
-                               f"own format on the CPU, `ar` only, with no drafts or heads); drop them or use "
-                               f"backend=torch")
+            raise ParadecError(
+                f"the llamacpp backend cannot take {', '.join(torch_only)} (llama.cpp runs the GGUF's "
+                f"own format on the CPU, `ar` only, with no drafts or heads); drop them or use "
+                f"backend=torch"
+            )
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
     choice = choose_format(model_dir, dtype, quant, device, exact)
     if backend == "auto":  # llama.cpp where it may run and measures faster
@@ -332,9 +379,14 @@ def load(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str =
         if asked == "auto" and not faster:
             backend = "torch"
         else:
-            reason = "asked for (backend=llamacpp)" if asked == "llamacpp" else (
-                f"auto: llama.cpp's `ar` step {lc_cost.predict(1) * 1e3:.0f} ms < torch {choice.name}'s "
-                f"{choice.cost.predict(1) * 1e3:.0f} ms on this CPU")
+            reason = (
+                "asked for (backend=llamacpp)"
+                if asked == "llamacpp"
+                else (
+                    f"auto: llama.cpp's `ar` step {lc_cost.predict(1) * 1e3:.0f} ms < torch {choice.name}'s "
+                    f"{choice.cost.predict(1) * 1e3:.0f} ms on this CPU"
+                )
+            )
             choice = replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path)
     if backend == "llamacpp":
         engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)

@@ -12,15 +12,24 @@ hybrid decoder). Variants (``specinfer+ngram``, ProPD's ablations) are methods w
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping, Protocol
+from typing import Protocol
 
-from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_LOOKUP_MIN_NGRAM, EAGLE_TREE_NODES, PLD_DRAFT,
-                            GenerationConfig, SamplingConfig, SpecConfig)
-from paradec.draft.eagle import EagleCostModel, EagleDrafter
-from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
+from paradec.config import (
+    ACCEPTORS,
+    DEFAULT_TREE_NODES,
+    EAGLE_LOOKUP_MIN_NGRAM,
+    EAGLE_TREE_NODES,
+    PLD_DRAFT,
+    GenerationConfig,
+    SamplingConfig,
+    SpecConfig,
+)
 from paradec.cpu import PassCost
+from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
+from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer
 from paradec.models.eagle import EagleHead
@@ -69,18 +78,24 @@ class Method:
         """What this method needs that ``target`` has not loaded (an ASPD model is recognized by
         its tokenizer's branch tokens, which the hybrid decoder checks)."""
         heads = target.heads
-        have = {"drafts": bool(target.drafts), "heads": heads is not None,
-                "early_head": heads is not None and heads.early is not None, "aspd_model": True,
-                "eagle": target.eagle is not None}
+        have = {
+            "drafts": bool(target.drafts),
+            "heads": heads is not None,
+            "early_head": heads is not None and heads.early is not None,
+            "aspd_model": True,
+            "eagle": target.eagle is not None,
+        }
         return [n for n in self.needs if not have[n]]
 
     def check(self, target: Target, gen: GenerationConfig) -> None:
         """Raise a ``ParadecError`` naming what is missing for this call."""
         backend = target.model.backend
         if backend not in self.backends:
-            raise ParadecError(f"method {self.name} runs on the {' or '.join(self.backends)} backend, not {backend} "
-                               f"(llama.cpp's batched logits are not its single-token ones, so a draft verified "
-                               f"there could change the text); load the model with backend=torch (--backend torch)")
+            raise ParadecError(
+                f"method {self.name} runs on the {' or '.join(self.backends)} backend, not {backend} "
+                f"(llama.cpp's batched logits are not its single-token ones, so a draft verified "
+                f"there could change the text); load the model with backend=torch (--backend torch)"
+            )
         missing = self.missing(target)
         if "drafts" in missing:
             raise ParadecError(f"method {self.name} needs draft models; load them (drafts=PATH)")
@@ -89,21 +104,32 @@ class Method:
         if "eagle" in missing:
             raise ParadecError(f"method {self.name} needs an EAGLE draft head; load it (eagle=PATH)")
         if gen.spec.prune and (target.heads is None or target.heads.early is None):
-            raise ParadecError(f"method {self.name} prunes with an early head and these heads have none "
-                               "(set prune=False)")
+            raise ParadecError(
+                f"method {self.name} prunes with an early head and these heads have none (set prune=False)"
+            )
         self.check_options(gen)
 
     def check_options(self, gen: GenerationConfig) -> None:
         """What can be checked of ``gen`` with no model loaded."""
         if not gen.sampling.greedy and gen.spec.acceptor not in self.acceptors:
-            raise ParadecError(f"method {self.name} samples with {' or '.join(self.acceptors) or 'no acceptor'}; "
-                               f"acceptor {gen.spec.acceptor!r} is not one of them"
-                               + ("" if self.acceptors else " (it decodes greedily: set temperature=0)"))
+            raise ParadecError(
+                f"method {self.name} samples with {' or '.join(self.acceptors) or 'no acceptor'}; "
+                f"acceptor {gen.spec.acceptor!r} is not one of them"
+                + ("" if self.acceptors else " (it decodes greedily: set temperature=0)")
+            )
 
 
-def generation_config(method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                      top_p: float = 1.0, seed: int | None = None, stop: list[str] | str | None = None,
-                      ignore_eos: bool = False, **spec) -> GenerationConfig:
+def generation_config(
+    method: str = "ar",
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: list[str] | str | None = None,
+    ignore_eos: bool = False,
+    **spec,
+) -> GenerationConfig:
     """The frozen ``GenerationConfig`` of these options, validated as far as no model is needed
     (the CLI calls it before loading one, so a bad flag fails in a second, not after the load)."""
     if isinstance(stop, str):  # one stop string, not its characters
@@ -179,8 +205,11 @@ def _heads(target: Target, gen: GenerationConfig) -> Drafter:
     """Medusa heads propose rank paths; ProPD's policy sizes the tree (static for Medusa)."""
     spec, heads = gen.spec, target.heads
     prior = heads.rank_accuracy or rank_prior(len(heads.medusa.blocks))
-    static = None if spec.dynamic and not spec.deterministic else (
-        spec.tree_nodes if spec.tree_nodes is not None else heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
+    static = (
+        None
+        if spec.dynamic and not spec.deterministic
+        else (spec.tree_nodes if spec.tree_nodes is not None else heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
+    )
     lower = heads.early_layer / target.model.config.num_layers if spec.prune else None
     recalls = heads.meta.get("early_topk_recall") or [EARLY_RECALL_PRIOR]
     recall = recalls[min(spec.prune_topk, len(recalls)) - 1]
@@ -208,8 +237,17 @@ def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
         cost = target.policies.setdefault(key, EagleCostModel(curve=target.cost))
     nodes = spec.tree_nodes if spec.tree_nodes is not None else EAGLE_TREE_NODES
     lookup = _ngram(gen, target.quant, EAGLE_LOOKUP_MIN_NGRAM) if spec.with_ngram else None
-    return EagleDrafter(target.eagle, target.model.embed, target.model.lm_head, gen.sampling, spec.eagle_topk,
-                        spec.eagle_depth, nodes, cost, lookup)
+    return EagleDrafter(
+        target.eagle,
+        target.model.embed,
+        target.model.lm_head,
+        gen.sampling,
+        spec.eagle_topk,
+        spec.eagle_depth,
+        nodes,
+        cost,
+        lookup,
+    )
 
 
 def _aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:
@@ -228,41 +266,116 @@ PROPD = {"prune": True, "dynamic": True}
 BOTH = ("torch", "llamacpp")
 for _m in (
     # it drafts nothing: the exact acceptors sample its bonus token from p; typical's lossy rule has nothing to do
-    Method("ar", "autoregressive: one target pass per token (the reference)", drafter=_root, backends=BOTH,
-           acceptors=("mss", "naive")),
-    Method("specinfer", "SpecInfer: SSM token trees (expansion), merged, verified in one pass",
-           drafter=_specinfer, needs=("drafts",)),
-    Method("specinfer+ngram", "SpecInfer with prompt lookup merged into the SSM tree",
-           drafter=_specinfer, needs=("drafts",), options={"with_ngram": True}),
+    Method(
+        "ar",
+        "autoregressive: one target pass per token (the reference)",
+        drafter=_root,
+        backends=BOTH,
+        acceptors=("mss", "naive"),
+    ),
+    Method(
+        "specinfer",
+        "SpecInfer: SSM token trees (expansion), merged, verified in one pass",
+        drafter=_specinfer,
+        needs=("drafts",),
+    ),
+    Method(
+        "specinfer+ngram",
+        "SpecInfer with prompt lookup merged into the SSM tree",
+        drafter=_specinfer,
+        needs=("drafts",),
+        options={"with_ngram": True},
+    ),
     Method("pld", "prompt lookup: continuations of the longest suffix match in the context", drafter=_pld),
-    Method("medusa", "Medusa heads, a static rank-path tree of the size the heads were tuned for",
-           drafter=_heads, needs=("heads",)),
+    Method(
+        "medusa",
+        "Medusa heads, a static rank-path tree of the size the heads were tuned for",
+        drafter=_heads,
+        needs=("heads",),
+    ),
     # Medusa's reference sparse tree size (mc_sim_7b_63: 63 nodes + root), the baseline ProPD reports
-    Method("medusa-63", "Medusa heads, a static 63-node tree", drafter=_heads, needs=("heads",),
-           options={"tree_nodes": 63}),
-    Method("propd", "ProPD: Medusa heads, early pruning in the pass, tree size from the online cost model",
-           drafter=_heads, needs=("heads", "early_head"), options=PROPD),
+    Method(
+        "medusa-63", "Medusa heads, a static 63-node tree", drafter=_heads, needs=("heads",), options={"tree_nodes": 63}
+    ),
+    Method(
+        "propd",
+        "ProPD: Medusa heads, early pruning in the pass, tree size from the online cost model",
+        drafter=_heads,
+        needs=("heads", "early_head"),
+        options=PROPD,
+    ),
     # ablations of ProPD
-    Method("medusa+prune", "ProPD ablation: static tree + early pruning", drafter=_heads,
-           needs=("heads", "early_head"), options={**PROPD, "dynamic": False}),
-    Method("medusa+dynamic", "ProPD ablation: dynamic tree size, no pruning", drafter=_heads,
-           needs=("heads",), options={**PROPD, "prune": False}),
-    Method("propd+step", "ProPD, nodes scored by this step's calibrated head probabilities", drafter=_heads,
-           needs=("heads", "early_head"), options={**PROPD, "step_scores": True}),
-    Method("eagle", "EAGLE-2: a feature-level draft head grows a dynamic tree; the top-m by draft confidence "
-           "are verified", drafter=_eagle, needs=("eagle",)),
-    Method("eagle+propd", "EAGLE-2's dynamic tree, its size chosen each step by ProPD's online cost model",
-           drafter=_eagle, needs=("eagle",), options={"dynamic": True}),
-    Method("eagle+ngram", "EAGLE-2, or prompt lookup's chain on a suffix match of 2+ tokens (no head passes)",
-           drafter=_eagle, needs=("eagle",), options={"with_ngram": True}),
+    Method(
+        "medusa+prune",
+        "ProPD ablation: static tree + early pruning",
+        drafter=_heads,
+        needs=("heads", "early_head"),
+        options={**PROPD, "dynamic": False},
+    ),
+    Method(
+        "medusa+dynamic",
+        "ProPD ablation: dynamic tree size, no pruning",
+        drafter=_heads,
+        needs=("heads",),
+        options={**PROPD, "prune": False},
+    ),
+    Method(
+        "propd+step",
+        "ProPD, nodes scored by this step's calibrated head probabilities",
+        drafter=_heads,
+        needs=("heads", "early_head"),
+        options={**PROPD, "step_scores": True},
+    ),
+    Method(
+        "eagle",
+        "EAGLE-2: a feature-level draft head grows a dynamic tree; the top-m by draft confidence are verified",
+        drafter=_eagle,
+        needs=("eagle",),
+    ),
+    Method(
+        "eagle+propd",
+        "EAGLE-2's dynamic tree, its size chosen each step by ProPD's online cost model",
+        drafter=_eagle,
+        needs=("eagle",),
+        options={"dynamic": True},
+    ),
+    Method(
+        "eagle+ngram",
+        "EAGLE-2, or prompt lookup's chain on a suffix match of 2+ tokens (no head passes)",
+        drafter=_eagle,
+        needs=("eagle",),
+        options={"with_ngram": True},
+    ),
     # an ASPD model's own output (fine-tuned with branch tokens), not the base model's: not lossless
-    Method("aspd", "ASPD: hybrid serial/parallel decoding of an ASPD model's branches", decode=_aspd,
-           stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False),
-    Method("aspd-r0", "ASPD, a title that repeats the plan ends it (no retries)", decode=_aspd,
-           stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False, options={"title_retries": 0}),
+    Method(
+        "aspd",
+        "ASPD: hybrid serial/parallel decoding of an ASPD model's branches",
+        decode=_aspd,
+        stream=_aspd_stream,
+        needs=("aspd_model",),
+        acceptors=(),
+        lossless=False,
+    ),
+    Method(
+        "aspd-r0",
+        "ASPD, a title that repeats the plan ends it (no retries)",
+        decode=_aspd,
+        stream=_aspd_stream,
+        needs=("aspd_model",),
+        acceptors=(),
+        lossless=False,
+        options={"title_retries": 0},
+    ),
     # lossless with respect to `aspd` of the same model (tested), not to the base model's `ar`
-    Method("aspd+spec", "ASPD with prompt-lookup drafts inside every branch, all verified in one pass",
-           decode=_aspd, stream=_aspd_stream, needs=("aspd_model",), acceptors=(), lossless=False,
-           options={"aspd_draft": 4}),
+    Method(
+        "aspd+spec",
+        "ASPD with prompt-lookup drafts inside every branch, all verified in one pass",
+        decode=_aspd,
+        stream=_aspd_stream,
+        needs=("aspd_model",),
+        acceptors=(),
+        lossless=False,
+        options={"aspd_draft": 4},
+    ),
 ):
     register(_m)

@@ -58,8 +58,7 @@ def sample(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     return torch.multinomial(p, 1, generator=generator).squeeze(-1)
 
 
-def next_token(logits: torch.Tensor, cfg: SamplingConfig,
-               generator: torch.Generator | None) -> torch.Tensor:
+def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
     """Argmax when greedy, else a draw from ``probs``: [rows, vocab] -> [rows]."""
     if cfg.greedy:
         return greedy(logits)

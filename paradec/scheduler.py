@@ -19,8 +19,8 @@ text alone or beside others.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
@@ -33,7 +33,6 @@ from paradec.tree import ScratchTree, pass_tensors
 from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
 from paradec.verify.prune import pruned_pass
 from paradec.verify.typical import accept_typical
-
 
 # prompt tokens per prefill pass of a long prompt: a prompt is cut into the same chunks whoever
 # runs it (so its K/V, and its text, do not depend on what else the server is doing); a server
@@ -66,8 +65,9 @@ class Scheduler:
 
     ``target``: the engine (model, heads, tokenizer). Not thread-safe: one thread steps it."""
 
-    def __init__(self, target, capacity: int, max_len: int, budget: BatchBudget | None = None,
-                 interleave_prefill: bool = False) -> None:
+    def __init__(
+        self, target, capacity: int, max_len: int, budget: BatchBudget | None = None, interleave_prefill: bool = False
+    ) -> None:
         self.target = target
         self.cache = target.model.new_cache(capacity, max_len, live=0)
         self.groups: list[Group] = []  # in cache-row order
@@ -91,8 +91,9 @@ class Scheduler:
         prefilled by the coming steps instead, one chunk each."""
         if len(rows) > self.free_rows or not self.fits(rows, drafter):
             raise RuntimeError("the rows do not fit the cache (check free_rows and fits first)")
-        group = Group(rows, gen, drafter, self.cache.add_rows(len(rows)), filled=[0] * len(rows),
-                      parts=[[] for _ in rows])
+        group = Group(
+            rows, gen, drafter, self.cache.add_rows(len(rows)), filled=[0] * len(rows), parts=[[] for _ in rows]
+        )
         later = self.interleave_prefill and max(len(r.tokens) for r in rows) - 1 > PREFILL_CHUNK
         self.groups.append(group)
         if not later:
@@ -162,7 +163,7 @@ class Scheduler:
                 except Exception as exc:  # noqa: BLE001 (the group ends with the error; the pass goes on)
                     self._fail(g, exc)
                     proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
-                if self.budget is not None and max(len(p.tree) for p in proposals[g.first:]) > 1:
+                if self.budget is not None and max(len(p.tree) for p in proposals[g.first :]) > 1:
                     self.budget.observe_draft(g.gen.method, time.perf_counter() - t_draft)
             drafted = [len(p.tree) for p in proposals]
             proposals, trees, width = self._cut(proposals, self.groups)
@@ -195,8 +196,12 @@ class Scheduler:
                         continue
                     committed = self._commit(g, i, ver, verdict)
                     if trees is not None and not g.gen.spec.dynamic:
-                        self.budget.observe(g.gen.method, drafted[g.first + i] - 1,
-                                            len(ver.proposals[g.first + i].tree) - 1, verdict.nodes[1:])
+                        self.budget.observe(
+                            g.gen.method,
+                            drafted[g.first + i] - 1,
+                            len(ver.proposals[g.first + i].tree) - 1,
+                            verdict.nodes[1:],
+                        )
                     row.stats.steps += 1
                     row.stats.target_s += t_fwd
                     row.stats.nodes += drafted[g.first + i]
@@ -204,8 +209,13 @@ class Scheduler:
                     if row.done:
                         row.stats.wall_s = time.perf_counter() - g.start
                     yield g, StepEvent(i, committed)
-                g.drafter.step_done(batch, max(drafted[span]), max(len(p.tree) for p in ver.proposals[span]),
-                                    time.perf_counter() - t_step, ver.early_top is not None)
+                g.drafter.step_done(
+                    batch,
+                    max(drafted[span]),
+                    max(len(p.tree) for p in ver.proposals[span]),
+                    time.perf_counter() - t_step,
+                    ver.early_top is not None,
+                )
         self._leave()
 
     @staticmethod
@@ -250,11 +260,14 @@ class Scheduler:
         sized = [b for g in groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))]
         if len(sized) == len(proposals):
             return proposals, None, widest
-        trees = [(g.gen.method, len(p.tree) - 1) for g in groups
-                 for p in proposals[g.first: g.first + len(g.rows)]]
+        trees = [(g.gen.method, len(p.tree) - 1) for g in groups for p in proposals[g.first : g.first + len(g.rows)]]
         cuttable = [t for b, t in enumerate(trees) if b not in sized]
         width = max([self.budget.choose(cuttable)] + [len(proposals[b].tree) for b in sized])
-        return [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)], trees, width
+        return (
+            [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)],
+            trees,
+            width,
+        )
 
     def _verify(self, proposals: list[Proposal], groups: list[Group]) -> Verification:
         """One target pass over every row's tree, pruned inside the pass (ProPD) when every group
@@ -262,15 +275,24 @@ class Scheduler:
         drops candidates, so a pass over a mixed batch may also skip it."""
         heads = self.target.heads
         specs = [g.gen.spec for g in groups]
-        if (all(s.prune for s in specs) and len({s.prune_topk for s in specs}) == 1
-                and all(g.drafter.prune_next for g in groups) and heads is not None
-                and heads.early is not None and max(len(p.tree) for p in proposals) > 1):
-            return Verification(*pruned_pass(self.target.model, heads.early, heads.early_layer, specs[0].prune_topk,
-                                             proposals, self.cache))
+        if (
+            all(s.prune for s in specs)
+            and len({s.prune_topk for s in specs}) == 1
+            and all(g.drafter.prune_next for g in groups)
+            and heads is not None
+            and heads.early is not None
+            and max(len(p.tree) for p in proposals) > 1
+        ):
+            return Verification(
+                *pruned_pass(
+                    self.target.model, heads.early, heads.early_layer, specs[0].prune_topk, proposals, self.cache
+                )
+            )
         return Verification(proposals, *verify_forward(self.target.model, [p.tree for p in proposals], self.cache))
 
-    def _accept(self, proposals: list[Proposal], logits: torch.Tensor, rows: list[Row],
-                gen: GenerationConfig) -> list[Verdict]:
+    def _accept(
+        self, proposals: list[Proposal], logits: torch.Tensor, rows: list[Row], gen: GenerationConfig
+    ) -> list[Verdict]:
         """logits [rows, width, vocab] of these rows' trees -> one verdict per row."""
         if gen.sampling.greedy:
             target_next = greedy(logits).tolist()  # host sync: the loop needs the tokens
@@ -278,11 +300,15 @@ class Scheduler:
         logits = logits.float()
         if gen.spec.acceptor == "typical":
             eps, delta = gen.spec.typical_epsilon, gen.spec.typical_delta
-            return [accept_typical(p, logits[b, : len(p.tree)], gen.sampling, eps, delta, row.generator)
-                    for b, (p, row) in enumerate(zip(proposals, rows))]
+            return [
+                accept_typical(p, logits[b, : len(p.tree)], gen.sampling, eps, delta, row.generator)
+                for b, (p, row) in enumerate(zip(proposals, rows))
+            ]
         rule = accept_mss if gen.spec.acceptor == "mss" else accept_naive
-        return [rule(p, logits[b, : len(p.tree)], gen.sampling, row.generator)
-                for b, (p, row) in enumerate(zip(proposals, rows))]
+        return [
+            rule(p, logits[b, : len(p.tree)], gen.sampling, row.generator)
+            for b, (p, row) in enumerate(zip(proposals, rows))
+        ]
 
     def _append(self, row: Row, new: list[int], gen: GenerationConfig) -> list[int]:
         """Add committed tokens to ``row`` and apply EOS, stop strings and the length budget."""

@@ -45,12 +45,20 @@ class Stats:
         return self.new_tokens / self.wall_s if self.wall_s else 0.0
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "new_tokens": self.new_tokens, "steps": self.steps,
-                "tau": round(self.tau, 4), "prefill_s": round(self.prefill_s, 5),
-                "wall_s": round(self.wall_s, 5), "tokens_per_s": round(self.tokens_per_s, 3),
-                "target_s": round(self.target_s, 5), "nodes_per_step": round(self.nodes / max(1, self.steps), 3),
-                "verified_per_step": round(self.verified / max(1, self.steps), 3),
-                "accept_per_depth": [round(a, 4) for a in self.accept_per_depth], **self.extra}
+        return {
+            "method": self.method,
+            "new_tokens": self.new_tokens,
+            "steps": self.steps,
+            "tau": round(self.tau, 4),
+            "prefill_s": round(self.prefill_s, 5),
+            "wall_s": round(self.wall_s, 5),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "target_s": round(self.target_s, 5),
+            "nodes_per_step": round(self.nodes / max(1, self.steps), 3),
+            "verified_per_step": round(self.verified / max(1, self.steps), 3),
+            "accept_per_depth": [round(a, 4) for a in self.accept_per_depth],
+            **self.extra,
+        }
 
 
 @dataclass
@@ -61,8 +69,12 @@ class Generation:
     stats: Stats
 
     def as_dict(self) -> dict:
-        return {**self.stats.as_dict(), "text": self.text, "token_ids": self.token_ids,
-                "finish_reason": self.finish_reason}
+        return {
+            **self.stats.as_dict(),
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+        }
 
 
 @dataclass
@@ -79,7 +91,7 @@ class Row:
 
     @property
     def new_ids(self) -> list[int]:
-        return self.tokens[self.n_prompt:]
+        return self.tokens[self.n_prompt :]
 
 
 @dataclass(frozen=True)

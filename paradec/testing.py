@@ -37,30 +37,52 @@ def make_tokenizer(vocab_size: int, text: str | None = None, special: tuple[str,
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, *special],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, *special],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([text if text is not None else stdlib_text()], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
 
 
-def make_checkpoint(out_dir: str | Path, family: str = "llama", vocab_size: int = 512,
-                    hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
-                    num_kv_heads: int | None = None, intermediate_size: int | None = None,
-                    tie_word_embeddings: bool = False, seed: int = 0, init_std: float = 0.08,
-                    max_position_embeddings: int = 512, tokenizer=None, **config_kwargs) -> Path:
+def make_checkpoint(
+    out_dir: str | Path,
+    family: str = "llama",
+    vocab_size: int = 512,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    tie_word_embeddings: bool = False,
+    seed: int = 0,
+    init_std: float = 0.08,
+    max_position_embeddings: int = 512,
+    tokenizer=None,
+    **config_kwargs,
+) -> Path:
     """Write a random-init ``family`` checkpoint + tokenizer to ``out_dir`` and return it."""
     import transformers
 
     out_dir = Path(out_dir)
     tok = tokenizer or make_tokenizer(vocab_size)
     cfg_cls = getattr(transformers, FAMILIES[family])
-    cfg = cfg_cls(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
-                  num_attention_heads=num_heads, num_key_value_heads=num_kv_heads or num_heads,
-                  intermediate_size=intermediate_size or 3 * hidden_size,
-                  tie_word_embeddings=tie_word_embeddings, initializer_range=init_std,
-                  max_position_embeddings=max_position_embeddings,
-                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **config_kwargs)
+    cfg = cfg_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
+        intermediate_size=intermediate_size or 3 * hidden_size,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=init_std,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        **config_kwargs,
+    )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     if family == "qwen2":  # random biases, so a missing bias would show in parity tests
@@ -73,8 +95,10 @@ def make_checkpoint(out_dir: str | Path, family: str = "llama", vocab_size: int 
 
 
 # ---- tiny GGUF files, written the way llama.cpp's converter writes them ----------------------
-GGUF_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+GGUF_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def llamacpp_permute(w, n_heads: int):
@@ -107,10 +131,22 @@ def _gguf_block(values, qtype):
     return raw.reshape(rows, blocks * size)
 
 
-def write_gguf(path: str | Path, tokenizer, arch: str = "llama", hidden_size: int = 256, num_layers: int = 2,
-               num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int = 512, seed: int = 0,
-               quant: dict | None = None, pre: str = "smollm", tie: bool = True, extra_tensor: str | None = None,
-               std: float = 0.08):
+def write_gguf(
+    path: str | Path,
+    tokenizer,
+    arch: str = "llama",
+    hidden_size: int = 256,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 512,
+    seed: int = 0,
+    quant: dict | None = None,
+    pre: str = "smollm",
+    tie: bool = True,
+    extra_tensor: str | None = None,
+    std: float = 0.08,
+):
     """A random-weight ``arch`` GGUF file with ``tokenizer``'s vocabulary (gpt2-style BPE).
 
     quant: GGUF tensor-name fragment -> GGMLQuantizationType (default: F32 everywhere). q/k rows
@@ -152,18 +188,27 @@ def write_gguf(path: str | Path, tokenizer, arch: str = "llama", hidden_size: in
     if not tie:
         shapes["output.weight"] = (len(tokens), hidden_size)
     for i in range(num_layers):
-        shapes.update({f"blk.{i}.attn_norm.weight": (hidden_size,), f"blk.{i}.ffn_norm.weight": (hidden_size,),
-                       f"blk.{i}.attn_q.weight": (num_heads * head_dim, hidden_size),
-                       f"blk.{i}.attn_k.weight": (num_kv_heads * head_dim, hidden_size),
-                       f"blk.{i}.attn_v.weight": (num_kv_heads * head_dim, hidden_size),
-                       f"blk.{i}.attn_output.weight": (hidden_size, num_heads * head_dim),
-                       f"blk.{i}.ffn_gate.weight": (intermediate_size, hidden_size),
-                       f"blk.{i}.ffn_up.weight": (intermediate_size, hidden_size),
-                       f"blk.{i}.ffn_down.weight": (hidden_size, intermediate_size)})
+        shapes.update(
+            {
+                f"blk.{i}.attn_norm.weight": (hidden_size,),
+                f"blk.{i}.ffn_norm.weight": (hidden_size,),
+                f"blk.{i}.attn_q.weight": (num_heads * head_dim, hidden_size),
+                f"blk.{i}.attn_k.weight": (num_kv_heads * head_dim, hidden_size),
+                f"blk.{i}.attn_v.weight": (num_kv_heads * head_dim, hidden_size),
+                f"blk.{i}.attn_output.weight": (hidden_size, num_heads * head_dim),
+                f"blk.{i}.ffn_gate.weight": (intermediate_size, hidden_size),
+                f"blk.{i}.ffn_up.weight": (intermediate_size, hidden_size),
+                f"blk.{i}.ffn_down.weight": (hidden_size, intermediate_size),
+            }
+        )
         if arch == "qwen2":
-            shapes.update({f"blk.{i}.attn_q.bias": (num_heads * head_dim,),
-                           f"blk.{i}.attn_k.bias": (num_kv_heads * head_dim,),
-                           f"blk.{i}.attn_v.bias": (num_kv_heads * head_dim,)})
+            shapes.update(
+                {
+                    f"blk.{i}.attn_q.bias": (num_heads * head_dim,),
+                    f"blk.{i}.attn_k.bias": (num_kv_heads * head_dim,),
+                    f"blk.{i}.attn_v.bias": (num_kv_heads * head_dim,),
+                }
+            )
     if extra_tensor:
         shapes[extra_tensor] = (hidden_size,)
     originals = {}

@@ -36,18 +36,26 @@ class Tokenizer:
         """Token ids of a conversation (``[{"role": "user", "content": "..."}, ...]``) through the
         model's chat template, ending with the assistant's turn opened."""
         if not self.has_chat_template:
-            raise ParadecError("this model's tokenizer has no chat template; pass plain text instead of messages "
-                               "(or drop chat=True)")
-        if not messages or any(not isinstance(m, dict) or not isinstance(m.get("content"), str)
-                               or m.get("role") not in ("system", "user", "assistant") for m in messages):
-            raise ParadecError("messages must be a non-empty list of {'role': 'system'|'user'|'assistant', "
-                               "'content': str} records")
+            raise ParadecError(
+                "this model's tokenizer has no chat template; pass plain text instead of messages (or drop chat=True)"
+            )
+        if not messages or any(
+            not isinstance(m, dict)
+            or not isinstance(m.get("content"), str)
+            or m.get("role") not in ("system", "user", "assistant")
+            for m in messages
+        ):
+            raise ParadecError(
+                "messages must be a non-empty list of {'role': 'system'|'user'|'assistant', 'content': str} records"
+            )
         for m in messages:
             try:
                 m["content"].encode("utf-8")
             except UnicodeEncodeError:
-                raise ParadecError(f"a {m['role']} message is not valid UTF-8 text (it holds a lone surrogate or "
-                                   "undecodable bytes); send UTF-8") from None
+                raise ParadecError(
+                    f"a {m['role']} message is not valid UTF-8 text (it holds a lone surrogate or "
+                    "undecodable bytes); send UTF-8"
+                ) from None
         if not any(s in m["content"] for m in messages for s in self.control_strings):
             text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             return list(self.hf(text, add_special_tokens=False).input_ids)
@@ -59,8 +67,9 @@ class Tokenizer:
         ids: list[int] = []
         for j, part in enumerate(_MARK.split(text)):
             if j % 2:
-                ids += self.hf(messages[int(part)]["content"], add_special_tokens=False,
-                               split_special_tokens=True).input_ids
+                ids += self.hf(
+                    messages[int(part)]["content"], add_special_tokens=False, split_special_tokens=True
+                ).input_ids
             elif part:
                 ids += self.hf(part, add_special_tokens=False).input_ids
         return ids
@@ -83,8 +92,10 @@ def load_tokenizer(model_dir: Path, config_eos: tuple[int, ...]) -> Tokenizer:
     try:
         hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a missing/broken tokenizer
-        raise ParadecError(f"cannot load a tokenizer from {model_dir} ({exc.__class__.__name__}); "
-                           "the directory needs tokenizer.json or the files of its tokenizer") from None
+        raise ParadecError(
+            f"cannot load a tokenizer from {model_dir} ({exc.__class__.__name__}); "
+            "the directory needs tokenizer.json or the files of its tokenizer"
+        ) from None
     eos = set(config_eos)
     gen_cfg = model_dir / "generation_config.json"
     if gen_cfg.is_file():
@@ -93,8 +104,10 @@ def load_tokenizer(model_dir: Path, config_eos: tuple[int, ...]) -> Tokenizer:
             ids = val if isinstance(val, list) else [val] if val is not None else []
             eos.update(int(i) for i in ids)
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError, ValueError):
-            raise ParadecError(f"{gen_cfg} is malformed (expected an object whose eos_token_id is an id or a "
-                               "list of ids); fix or delete it") from None
+            raise ParadecError(
+                f"{gen_cfg} is malformed (expected an object whose eos_token_id is an id or a "
+                "list of ids); fix or delete it"
+            ) from None
     if hf.eos_token_id is not None:
         eos.add(hf.eos_token_id)
     return Tokenizer(hf, frozenset(eos))

@@ -16,8 +16,10 @@ ZOO = Path(__file__).resolve().parent.parent / "zoo"
 def bundled(name: str = "target", marker: str = "config.json") -> Path:
     path = ZOO / name
     if not (path / marker).is_file():
-        raise ParadecError(f"the bundled model {name!r} is not at {path}; install paradec from its source "
-                           "checkout (pip install -e .) or pass model=PATH")
+        raise ParadecError(
+            f"the bundled model {name!r} is not at {path}; install paradec from its source "
+            "checkout (pip install -e .) or pass model=PATH"
+        )
     return path
 
 
@@ -48,8 +50,9 @@ def default_gguf() -> Path:
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     path = Path(spec.origin).parent / DEFAULT_GGUF if spec and spec.origin else None
     if path is None or not path.is_file():
-        raise ParadecError(f"the default model (SmolLM2-135M-Instruct) is not installed; run `{DEFAULT_INSTALL}` "
-                           "or pass model=PATH")
+        raise ParadecError(
+            f"the default model (SmolLM2-135M-Instruct) is not installed; run `{DEFAULT_INSTALL}` or pass model=PATH"
+        )
     return path
 
 
@@ -59,8 +62,10 @@ def bundled_aspd() -> Path:
     for name in (f"{DEFAULT_ZOO}/aspd", "aspd"):
         if (ZOO / name / "adapter.json").is_file():
             return ZOO / name
-    raise ParadecError("the zoo has no ASPD model; pass model=PATH to an ASPD-fine-tuned model "
-                       "(its tokenizer must have <|title|> ... <|/branch|>)")
+    raise ParadecError(
+        "the zoo has no ASPD model; pass model=PATH to an ASPD-fine-tuned model "
+        "(its tokenizer must have <|title|> ... <|/branch|>)"
+    )
 
 
 def aspd_twin(model: str | Path) -> Path | None:

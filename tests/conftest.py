@@ -21,15 +21,23 @@ def _session_paradec_home(tmp_path_factory):
     os.environ["PARADEC_HOME"] = str(tmp_path_factory.mktemp("paradec_home"))
     os.environ["PARADEC_BACKEND"] = "torch"
 
+
 # family, kwargs: MHA untied, GQA tied, Qwen2 (qkv bias) with GQA, Mistral with GQA, llama3 RoPE scaling
 VARIANTS = {
     "llama": dict(family="llama"),
     "llama-gqa-tied": dict(family="llama", num_heads=4, num_kv_heads=2, tie_word_embeddings=True),
     "qwen2": dict(family="qwen2", num_heads=4, num_kv_heads=2),
     "mistral": dict(family="mistral", num_heads=4, num_kv_heads=1),
-    "llama-rope-llama3": dict(family="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                            "original_max_position_embeddings": 64}),
+    "llama-rope-llama3": dict(
+        family="llama",
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
 }
 
 
@@ -41,8 +49,10 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("ckpt")
-    return {name: make_checkpoint(root / name, tokenizer=tokenizer, seed=i, **kw)
-            for i, (name, kw) in enumerate(VARIANTS.items())}
+    return {
+        name: make_checkpoint(root / name, tokenizer=tokenizer, seed=i, **kw)
+        for i, (name, kw) in enumerate(VARIANTS.items())
+    }
 
 
 @pytest.fixture(scope="session")
@@ -62,13 +72,15 @@ def drafters(tmp_path_factory, tokenizer):
     medusa, early = MedusaHeads(64, 3), EarlyHead(64, 1e-6)
     for p in list(medusa.parameters()) + list(early.block.parameters()):
         torch.nn.init.normal_(p, std=0.3)
-    save_heads(Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1], [0.1, 0.05]], "tree_nodes": 6}),
-               tmp / "heads")
+    save_heads(
+        Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1], [0.1, 0.05]], "tree_nodes": 6}),
+        tmp / "heads",
+    )
     return draft, tmp / "heads"
 
 
 # three top-level functions; the third calls the first two (ASPD extraction and data tests)
-THREE_FUNCTIONS = '''import math
+THREE_FUNCTIONS = """import math
 
 
 def area(r):
@@ -81,7 +93,7 @@ def perimeter(r):
 
 def describe(r):
     return f"{area(r)} {perimeter(r)}"
-'''
+"""
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\nclass Config:\n    def __init__(self", "x"]
 
@@ -109,8 +121,7 @@ def two_token_joint_tv(engine, n: int = 1600, **opts) -> tuple[float, float, dic
     torch.manual_seed(0)  # rows draw their seeds from the global generator when seed=None
     counts: dict = {}
     for _ in range(n // 200):
-        for g in engine.generate([prompt] * 200, max_new_tokens=3, temperature=0.15, top_k=3,
-                                 ignore_eos=True, **opts):
+        for g in engine.generate([prompt] * 200, max_new_tokens=3, temperature=0.15, top_k=3, ignore_eos=True, **opts):
             key = tuple(g.token_ids[:2])
             counts[key] = counts.get(key, 0) + 1
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in set(counts) | set(exact))

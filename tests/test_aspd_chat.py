@@ -19,9 +19,13 @@ from paradec.train.aspd import AspdTrainConfig, aspd_tokenizer, train_aspd
 from paradec.train.aspd_chat import chat_examples, is_heldout
 from paradec.train.aspd_data import collate
 
-TIPS = ["Drink a glass of water every morning before breakfast.", "Walk for thirty minutes at a brisk pace.",
-        "Sleep eight hours in a dark and quiet room.", "Eat vegetables with lunch and with dinner.",
-        "Keep a short journal of what you are grateful for."]
+TIPS = [
+    "Drink a glass of water every morning before breakfast.",
+    "Walk for thirty minutes at a brisk pace.",
+    "Sleep eight hours in a dark and quiet room.",
+    "Eat vegetables with lunch and with dinner.",
+    "Keep a short journal of what you are grateful for.",
+]
 
 
 def _answer(n: int, k: int) -> str:
@@ -44,8 +48,9 @@ def chat_data(tmp_path_factory):
 def gguf_base(request, tmp_path_factory):
     tok = make_tokenizer(320, stdlib_text(40_000), special=("<|im_start|>", "<|im_end|>"))
     path = tmp_path_factory.mktemp("gguf") / "base.gguf"
-    write_gguf(path, tok, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-               tie=request.param)
+    write_gguf(
+        path, tok, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, tie=request.param
+    )
     return path
 
 
@@ -59,19 +64,27 @@ def test_chat_examples_mark_lists_and_mask_the_prompt(chat_data, gguf_base):
 
     tok, new = aspd_tokenizer(resolve_model(gguf_base), add_markers=True)
     assert len(new) == 6 and tok.convert_tokens_to_ids(TITLE) >= 320
-    train, held, stats = chat_examples(chat_data / "question.jsonl", [chat_data / "a.jsonl"], tok, "<|im_end|>",
-                                       max_tokens=4096)
+    train, held, stats = chat_examples(
+        chat_data / "question.jsonl", [chat_data / "a.jsonl"], tok, "<|im_end|>", max_tokens=4096
+    )
     assert stats["answers"] == 25 and stats["with_groups"] == 24 and stats["examples"] == 24
     assert {e.question_id for e in held} == {f"q{n}" for n in range(24) if is_heldout(f"q{n}")}
     ex = train[0]
     marked = tok.decode(ex.marked, skip_special_tokens=False)
     assert marked.count(BRANCH) == ex.branches >= 3 and marked.endswith("<|im_end|>")
-    assert tok.decode(ex.plain, skip_special_tokens=False) == _answer(int(ex.question_id[1:]), ex.branches) + "<|im_end|>"
+    assert (
+        tok.decode(ex.plain, skip_special_tokens=False) == _answer(int(ex.question_id[1:]), ex.branches) + "<|im_end|>"
+    )
     _, y, _, _ = collate([ex.prompt + ex.marked], tok.convert_tokens_to_ids(BRANCH), None, loss_from=[len(ex.prompt)])
-    assert (y[0, : len(ex.prompt) - 1] == -100).all() and (y[0, len(ex.prompt) - 1:] != -100).all()
+    assert (y[0, : len(ex.prompt) - 1] == -100).all() and (y[0, len(ex.prompt) - 1 :] != -100).all()
     # too long for the whole answer: cut after the last group that fits, no end of turn
-    short, _, st = chat_examples(chat_data / "question.jsonl", [chat_data / "a.jsonl"], tok, "<|im_end|>",
-                                 max_tokens=len(ex.prompt) + len(ex.marked) - 2)
+    short, _, st = chat_examples(
+        chat_data / "question.jsonl",
+        [chat_data / "a.jsonl"],
+        tok,
+        "<|im_end|>",
+        max_tokens=len(ex.prompt) + len(ex.marked) - 2,
+    )
     cut = next(e for e in short if e.question_id == ex.question_id)
     assert st["cut"] >= 1 and cut.marked == ex.marked[: len(cut.marked)] or not tok.decode(cut.marked).endswith("!")
 
@@ -79,13 +92,25 @@ def test_chat_examples_mark_lists_and_mask_the_prompt(chat_data, gguf_base):
 def test_adapter_over_gguf_base_equals_transformers_and_decodes(chat_data, gguf_base, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    cfg = AspdTrainConfig(questions=str(chat_data / "question.jsonl"), answers=(str(chat_data / "a.jsonl"),),
-                          rank=4, alpha=8.0, epochs=2, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=4,
-                          max_tokens=512)
+    cfg = AspdTrainConfig(
+        questions=str(chat_data / "question.jsonl"),
+        answers=(str(chat_data / "a.jsonl"),),
+        rank=4,
+        alpha=8.0,
+        epochs=2,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=4,
+        max_tokens=512,
+    )
     out = tmp_path / "aspd"
     summary = train_aspd(gguf_base, out, tmp_path / "run" / "model", cfg)
-    assert summary["done"] and summary["heldout_loss"] < json.loads(
-        (tmp_path / "run" / "model" / "log.jsonl").read_text().splitlines()[0])["heldout_loss"]
+    assert (
+        summary["done"]
+        and summary["heldout_loss"]
+        < json.loads((tmp_path / "run" / "model" / "log.jsonl").read_text().splitlines()[0])["heldout_loss"]
+    )
     acfg, base, _ = read_adapter(out)
     assert len(acfg.new_tokens) == 6 and base == gguf_base.resolve()
     engine = paradec.load(out, dtype="fp32")
@@ -100,11 +125,14 @@ def test_adapter_over_gguf_base_equals_transformers_and_decodes(chat_data, gguf_
     assert torch.allclose(ours, theirs, atol=1e-4)
     old = torch.tensor([[5, 17, 40, 99, 7]])
     with torch.inference_mode():
-        assert not torch.allclose(engine.model(old)[..., :320], paradec.load(gguf_base, dtype="fp32").model(old),
-                                  atol=1e-3)  # the adapter changed the model
+        assert not torch.allclose(
+            engine.model(old)[..., :320], paradec.load(gguf_base, dtype="fp32").model(old), atol=1e-3
+        )  # the adapter changed the model
     msgs = [{"role": "user", "content": "Give me 3 health tips, please (7)."}]
     plain = engine.generate(msgs, method="aspd", max_new_tokens=60, ignore_eos=True)
     spec = engine.generate(msgs, method="aspd+spec", max_new_tokens=60, ignore_eos=True)
     assert spec.token_ids == plain.token_ids
-    twin = train_aspd(gguf_base, tmp_path / "twin", tmp_path / "run" / "twin", AspdTrainConfig(**{**cfg.__dict__, "twin": True}))
+    twin = train_aspd(
+        gguf_base, tmp_path / "twin", tmp_path / "run" / "twin", AspdTrainConfig(**{**cfg.__dict__, "twin": True})
+    )
     assert twin["done"] and paradec.load(tmp_path / "twin", dtype="fp32").model.config.vocab_size == 320

@@ -28,7 +28,9 @@ def test_examples_and_collate():
     pad = len(ex.plain) - 1
     assert (y[1, pad:] == -100).all() and mask[1, 0, pad:, :pad].sum() == 0
     _, _, pos_seq, mask_seq = collate([ex.plain], None, None)
-    assert torch.equal(pos_seq[0], torch.arange(len(ex.plain) - 1)) and torch.equal(mask_seq[0, 0], mask_seq[0, 0].tril())
+    assert torch.equal(pos_seq[0], torch.arange(len(ex.plain) - 1)) and torch.equal(
+        mask_seq[0, 0], mask_seq[0, 0].tril()
+    )
 
 
 def test_a_group_too_long_for_one_window_is_split_into_runs():

@@ -137,15 +137,21 @@ def test_a_repeated_title_is_retried_then_ends_the_plan(aspd_engine):
     x = engine.tokenizer.hf("x", add_special_tokens=False).input_ids[-1]
     prompt = engine.tokenizer.encode("def f(a):\n")
     script = [sp.title, x, sp.end_title, sp.title, x, sp.end_title]
-    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True,
-                             max_branch_tokens=6)
+    new, stats = aspd_decode(
+        _Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True, max_branch_tokens=6
+    )
     plan = new[: new.index(sp.para)] if sp.para in new else new
-    titles = [plan[i + 1: plan.index(sp.end_title, i)] for i, t in enumerate(plan) if t == sp.title and sp.end_title in plan[i:]]
+    titles = [
+        plan[i + 1 : plan.index(sp.end_title, i)]
+        for i, t in enumerate(plan)
+        if t == sp.title and sp.end_title in plan[i:]
+    ]
     assert titles[0] == [x] and len(titles) >= 2 and titles[1][0] != x  # retried with "x" banned
     assert len({tuple(t) for t in titles}) == len(titles)
     _assert_trace_is_training_layout(sp, prompt, new, stats)
-    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True,
-                             max_branch_tokens=6, title_retries=0)
+    new, stats = aspd_decode(
+        _Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True, max_branch_tokens=6, title_retries=0
+    )
     assert new[:5] == [sp.title, x, sp.end_title, sp.para, sp.branch] and stats.branches == 1
     _assert_trace_is_training_layout(sp, prompt, new, stats)
 
@@ -156,16 +162,24 @@ def test_a_numbered_title_repeats_its_words_not_its_number(aspd_engine):
     title's first token (which is the number, and must stay free)."""
     engine = aspd_engine
     sp = Specials.from_tokenizer(engine.tokenizer.hf)
-    tok = lambda s: engine.tokenizer.hf(s, add_special_tokens=False).input_ids[-1]
+
+    def tok(s):
+        return engine.tokenizer.hf(s, add_special_tokens=False).input_ids[-1]
+
     x, one, two, dot = tok("x"), tok("1"), tok("2"), tok(".")
     assert {one, two, dot} <= sp.numbering and x not in sp.numbering
     assert sp.core([two, dot, x]) == [x] and sp.core([two, dot]) == [dot]  # a title is never empty
     prompt = engine.tokenizer.encode("def f(a):\n")
     script = [sp.title, one, dot, x, sp.end_title, sp.title, two, dot, x, sp.end_title, two, dot, x]
-    new, stats = aspd_decode(_Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True,
-                             max_branch_tokens=6)
+    new, stats = aspd_decode(
+        _Scripted(engine.model, script), sp, prompt, 96, frozenset(), record=True, max_branch_tokens=6
+    )
     plan = new[: new.index(sp.para)] if sp.para in new else new
-    titles = [plan[i + 1: plan.index(sp.end_title, i)] for i, t in enumerate(plan) if t == sp.title and sp.end_title in plan[i:]]
+    titles = [
+        plan[i + 1 : plan.index(sp.end_title, i)]
+        for i, t in enumerate(plan)
+        if t == sp.title and sp.end_title in plan[i:]
+    ]
     assert titles[0] == [one, dot, x] and len(titles) >= 2
     assert titles[1][:2] == [two, dot] and titles[1][2] != x  # the number kept, "x" banned after it
     assert len({tuple(sp.core(t)) for t in titles}) == len(titles)
@@ -178,7 +192,7 @@ def _assert_trace_is_training_layout(sp, prompt, new, stats):
     # map cache slots to flattened indices: serial slots in order, branch slots by (branch, j)
     starts = [i for i, t in enumerate(flat) if t == sp.branch]
     slot_to_flat, serial_i, seen = {}, 0, {}
-    for slot, (tok, pos, vis, br) in enumerate(stats.trace):
+    for slot, (*_, br) in enumerate(stats.trace):
         if br < 0:
             while lay.branch[serial_i] > 0:
                 serial_i += 1
@@ -188,7 +202,7 @@ def _assert_trace_is_training_layout(sp, prompt, new, stats):
             j = seen.get(br, 0)
             seen[br] = j + 1
             slot_to_flat[slot] = starts[br] + j
-    for slot, (tok, pos, vis, br) in enumerate(stats.trace):
+    for slot, (tok, pos, vis, _) in enumerate(stats.trace):
         i = slot_to_flat[slot]
         assert flat[i] == tok and int(lay.positions[i]) == pos
         assert sorted(slot_to_flat[v] for v in vis) == lay.mask[i].nonzero().flatten().tolist()
@@ -212,5 +226,7 @@ def test_stream_is_generate_and_stop_strings_end_the_text(aspd_engine):
     assert streamed == full.text and full.text
     stop = full.text.strip()[:2]
     cut = aspd_engine.generate(prompt, method="aspd", max_new_tokens=40, ignore_eos=True, stop=[stop])
-    assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == "stop"
-    assert "".join(aspd_engine.stream(prompt, method="aspd", max_new_tokens=40, ignore_eos=True, stop=[stop])) == cut.text
+    assert cut.text == full.text[: full.text.find(stop)] and cut.finish_reason == "stop"
+    assert (
+        "".join(aspd_engine.stream(prompt, method="aspd", max_new_tokens=40, ignore_eos=True, stop=[stop])) == cut.text
+    )

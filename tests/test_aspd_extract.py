@@ -31,13 +31,18 @@ def test_two_functions_where_one_calls_the_other_are_rejected():
 
 
 def test_methods_using_each_other_through_self_are_rejected():
-    code = ("class A:\n    def a(self):\n        return 1\n\n    def b(self):\n        return 2\n\n"
-            "    def c(self):\n        return self.a() + 1\n")
+    code = (
+        "class A:\n    def a(self):\n        return 1\n\n    def b(self):\n        return 2\n\n"
+        "    def c(self):\n        return self.a() + 1\n"
+    )
     assert [[b.title for b in g.branches] for g in code_groups(code)] == [["a", "b"]]
 
 
 def test_prose_list_items_and_references():
-    ok = "Tips:\n\n1. **Sleep** well every night, eight hours.\n2. **Exercise** three times a week.\n3. **Eat** more vegetables and fruit.\n\nDone."
+    ok = (
+        "Tips:\n\n1. **Sleep** well every night, eight hours.\n2. **Exercise** three times a week.\n"
+        "3. **Eat** more vegetables and fruit.\n\nDone."
+    )
     groups = prose_groups(ok)
     assert len(groups) == 1 and [b.title for b in groups[0].branches] == ["1. Sleep", "2. Exercise", "3. Eat"]
     assert strip_markup(mark_up(ok, groups)) == ok
@@ -118,15 +123,21 @@ def test_ceilings_count_the_longest_branch_and_the_markup(tmp_path):
     # in parallel the group costs its longest branch (8 passes), in ASPD's format also its
     # plan (4 "words": each title starts with its number, "<|title|>1. Sleep<|/title|>..."), the
     # longest branch's "<|branch|>3. Move: " prefix and its end marker (+3) and <|/para|> (+1)
-    text = ("Here are three tips:\n\n1. **Sleep**: go to bed early every night.\n"
-            "2. **Food**: eat fresh vegetables and fruit.\n3. **Move**: walk thirty minutes a day outside.\n\nThat is all.")
+    text = (
+        "Here are three tips:\n\n1. **Sleep**: go to bed early every night.\n"
+        "2. **Food**: eat fresh vegetables and fruit.\n3. **Move**: walk thirty minutes a day outside.\n\nThat is all."
+    )
     inp = tmp_path / "answers.jsonl"
     inp.write_text(json.dumps({"text": text}) + "\n")
     stats = extract_file(inp, tmp_path / "out.jsonl")
     assert stats["branches_per_group"] == 3
     assert stats["ceiling_speedup"] == round(30 / (30 - 23 + 8), 3)
     assert stats["ceiling_speedup_marked"] == round(30 / (30 - 23 + 4 + 11 + 1), 3)
-    assert stats["ceiling_parallel_answers_marked"] == stats["ceiling_best_answer_marked"] == stats["ceiling_speedup_marked"]
+    assert (
+        stats["ceiling_parallel_answers_marked"]
+        == stats["ceiling_best_answer_marked"]
+        == stats["ceiling_speedup_marked"]
+    )
 
 
 def test_well_formed_counts_a_renumbered_title_as_a_repeat():
@@ -134,7 +145,12 @@ def test_well_formed_counts_a_renumbered_title_as_a_repeat():
 
     def answer(titles, branches=None):
         plan = "".join(f"<|title|>{t}<|/title|>" for t in titles) + "<|para|>"
-        return "Tips:\n" + plan + "".join(f"<|branch|>{t}: {t} text\n<|/branch|>" for t in branches or titles) + "<|/para|>"
+        return (
+            "Tips:\n"
+            + plan
+            + "".join(f"<|branch|>{t}: {t} text\n<|/branch|>" for t in branches or titles)
+            + "<|/para|>"
+        )
 
     assert well_formed(answer(["1. Sleep", "2. Food", "10. Move"]))
     assert not well_formed(answer(["3. Reviews", "4. Reviews"]))

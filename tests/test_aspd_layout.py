@@ -22,7 +22,7 @@ def test_two_groups_siblings_invisible_suffix_sees_all():
         for j in range(i + 1):
             sibling = br[i] > 0 and br[j] > 0 and br[i] != br[j] and lay.group_start[i] == lay.group_start[j]
             assert lay.mask[i, j] == (not sibling), (i, j)
-        assert not lay.mask[i, i + 1:].any()  # still causal
+        assert not lay.mask[i, i + 1 :].any()  # still causal
     # the j-th token of every branch of a group shares a position
     starts = [i for i, t in enumerate(seq) if t == B]
     assert [int(lay.positions[s]) for s in starts[:3]] == [3, 3, 3]
@@ -32,4 +32,4 @@ def test_two_groups_siblings_invisible_suffix_sees_all():
     assert int(lay.positions[len(seq) - 1]) == len(seq) - 1
     # a branch of the second group sees the first group's branches (an earlier stage)
     second = starts[3] + 1
-    assert lay.mask[second, starts[0]:starts[3]].all()
+    assert lay.mask[second, starts[0] : starts[3]].all()

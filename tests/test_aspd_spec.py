@@ -7,6 +7,7 @@ from functools import partial
 
 import pytest
 import torch
+from test_aspd_decode import _assert_trace_is_training_layout
 
 import paradec
 from paradec.parallel.decode import aspd_decode, aspd_decode_batch
@@ -14,14 +15,14 @@ from paradec.parallel.grammar import Specials
 from paradec.parallel.spec import SpecRowDecoder, extra_slots
 from paradec.testing import make_checkpoint, make_tokenizer, stdlib_text
 from paradec.train.tokenizer import ASPD_TOKENS
-from test_aspd_decode import _assert_trace_is_training_layout
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     tok = make_tokenizer(512, stdlib_text(60_000), special=ASPD_TOKENS)
-    path = make_checkpoint(tmp_path_factory.mktemp("aspd_spec") / "m", tokenizer=tok, seed=3, num_heads=4,
-                           num_kv_heads=2)
+    path = make_checkpoint(
+        tmp_path_factory.mktemp("aspd_spec") / "m", tokenizer=tok, seed=3, num_heads=4, num_kv_heads=2
+    )
     return paradec.load(path, dtype="fp32")
 
 
@@ -96,15 +97,26 @@ def test_without_the_position_remap_the_trace_breaks(engine):
                 it.extra = e
             return keep
 
-    spec, st = aspd_decode(model, sp, prompt, 160, frozenset(), max_branch_tokens=24, record=True,
-                           row_type=partial(Forgetful, draft_tokens=4), extra_slots=extra_slots(4))
+    spec, st = aspd_decode(
+        model,
+        sp,
+        prompt,
+        160,
+        frozenset(),
+        max_branch_tokens=24,
+        record=True,
+        row_type=partial(Forgetful, draft_tokens=4),
+        extra_slots=extra_slots(4),
+    )
     with pytest.raises(AssertionError):
         _assert_trace_is_training_layout(sp, prompt, spec, st)
 
 
 def test_generate_and_stream_aspd_spec(engine):
-    ids = engine.tokenizer.hf("Write three helpers.\n<|title|>alpha<|/title|><|title|>beta<|/title|>"
-                              "<|title|>gamma<|/title|><|para|>", add_special_tokens=False).input_ids
+    ids = engine.tokenizer.hf(
+        "Write three helpers.\n<|title|>alpha<|/title|><|title|>beta<|/title|><|title|>gamma<|/title|><|para|>",
+        add_special_tokens=False,
+    ).input_ids
     plain = engine.generate(ids, method="aspd", max_new_tokens=60, ignore_eos=True)
     spec = engine.generate(ids, method="aspd+spec", max_new_tokens=60, ignore_eos=True)
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
@@ -125,13 +137,15 @@ def test_served_aspd_and_aspd_spec_equal_generate(engine):
     pytest.importorskip("uvicorn")
     from concurrent.futures import ThreadPoolExecutor
 
-    from paradec.serve import build_app
     from test_serve import _Server
 
-    prompt = ("Write three helpers.\n<|title|>alpha<|/title|><|title|>beta<|/title|><|title|>gamma<|/title|>"
-              "<|para|>")
-    expected = {m: engine.generate(prompt, method=m, max_new_tokens=40, ignore_eos=True).text
-                for m in ("aspd", "aspd+spec", "ar")}
+    from paradec.serve import build_app
+
+    prompt = "Write three helpers.\n<|title|>alpha<|/title|><|title|>beta<|/title|><|title|>gamma<|/title|><|para|>"
+    expected = {
+        m: engine.generate(prompt, method=m, max_new_tokens=40, ignore_eos=True).text
+        for m in ("aspd", "aspd+spec", "ar")
+    }
     assert expected["aspd"] == expected["aspd+spec"]
     app = build_app(engine, "tiny", max_batch=2, max_queue=16)
     server = _Server(app)
@@ -140,7 +154,13 @@ def test_served_aspd_and_aspd_spec_equal_generate(engine):
 
         def one(job):
             method, stream = job
-            kw = dict(model="tiny", prompt=prompt, max_tokens=40, temperature=0, extra_body={"method": method, "ignore_eos": True})
+            kw = dict(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=40,
+                temperature=0,
+                extra_body={"method": method, "ignore_eos": True},
+            )
             if stream:
                 return "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
             return client.completions.create(**kw).choices[0].text

@@ -22,8 +22,10 @@ from paradec.train.aspd import AspdTrainConfig, train_aspd
 from paradec.train.aspd_data import examples_from_sources
 from paradec.train.tokenizer import ASPD_TOKENS
 
-SOURCES = ['"""A module."""\n' + THREE_FUNCTIONS,
-           "import os\n\n\ndef left(a):\n    return a + 1\n\n\ndef right(b):\n    return b * 2\n\n\nprint(1)\n"]
+SOURCES = [
+    '"""A module."""\n' + THREE_FUNCTIONS,
+    "import os\n\n\ndef left(a):\n    return a + 1\n\n\ndef right(b):\n    return b * 2\n\n\nprint(1)\n",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +35,9 @@ def aspd_tok():
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory, aspd_tok):
-    return make_checkpoint(tmp_path_factory.mktemp("aspd_base") / "base", tokenizer=aspd_tok, seed=5,
-                           tie_word_embeddings=True)
+    return make_checkpoint(
+        tmp_path_factory.mktemp("aspd_base") / "base", tokenizer=aspd_tok, seed=5, tie_word_embeddings=True
+    )
 
 
 def test_adapter_files_load_as_the_merged_model(tmp_path, base_dir):
@@ -54,24 +57,27 @@ def test_adapter_files_load_as_the_merged_model(tmp_path, base_dir):
     assert torch.allclose(merged(x), expected, atol=1e-4)
     assert not torch.allclose(base(x), expected, atol=1e-2)  # the adapter changes the model
     (out / "adapter.safetensors").write_bytes(b"junk")
-    proc = subprocess.run([sys.executable, "-m", "paradec", "generate", "--model", str(out), "x"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paradec", "generate", "--model", str(out), "x"], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "adapter" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def _write_examples(root, tok):
     ex = examples_from_sources(SOURCES, tok)
     assert len(ex) == 2
-    (root / "examples.json").write_text(json.dumps({"train": [asdict(e) for e in ex] * 4,
-                                                    "heldout": [asdict(e) for e in ex]}))
+    (root / "examples.json").write_text(
+        json.dumps({"train": [asdict(e) for e in ex] * 4, "heldout": [asdict(e) for e in ex]})
+    )
 
 
 @pytest.mark.parametrize("twin", [False, True])
 def test_training_learns_resumes_and_exports(tmp_path, base_dir, aspd_tok, twin):
     _write_examples(tmp_path, aspd_tok)
     run, out = tmp_path / "run", tmp_path / "out"
-    cfg = AspdTrainConfig(twin=twin, rank=8, alpha=8.0, epochs=3, batch_size=2, lr=3e-3, warmup_steps=2,
-                          eval_every=1000, save_every=2)
+    cfg = AspdTrainConfig(
+        twin=twin, rank=8, alpha=8.0, epochs=3, batch_size=2, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=2
+    )
     first = train_aspd(base_dir, out, run, cfg)
     assert first["done"] and first["steps"] == 12
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
@@ -103,11 +109,31 @@ def test_bench_aspd_vs_ar_vs_seq_twin(tmp_path, base_dir, aspd_tok):
     prompts = tmp_path / "p.txt"
     prompts.write_text("import os\n\n\ndef left(a):\n")
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(tmp_path / "aspd"),
-                           "--twin", str(tmp_path / "twin"), "--methods", "ar,aspd,aspd-r0,seq-twin,base-ar,aspd+spec",
-                           "--prompts", str(prompts),
-                           "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paradec",
+            "bench",
+            "--model",
+            str(tmp_path / "aspd"),
+            "--twin",
+            str(tmp_path / "twin"),
+            "--methods",
+            "ar,aspd,aspd-r0,seq-twin,base-ar,aspd+spec",
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "12",
+            "--dtype",
+            "fp32",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "results.json").read_text())
     recs = {r["method"]: r for r in result["records"]}

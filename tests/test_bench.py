@@ -9,8 +9,8 @@ import sys
 import torch
 
 from paradec.bench.harness import bench_methods, method_needs
-from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.bench.prompts import load_prompts
+from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.testing import make_checkpoint
 
 
@@ -22,21 +22,53 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
     medusa, early = MedusaHeads(64, 2), EarlyHead(64, 1e-6)
     for p in list(medusa.parameters()) + list(early.block.parameters()):
         torch.nn.init.normal_(p, std=0.3)
-    save_heads(Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1]], "tree_nodes": 4}), tmp_path / "heads")
+    save_heads(
+        Heads(medusa, early, 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1]], "tree_nodes": 4}), tmp_path / "heads"
+    )
     from paradec.models import load_model
     from paradec.models.eagle import EagleHead
 
     EagleHead(load_model(llama_dir).config).save(tmp_path / "eagle", {})
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in
-                                 enumerate([("code", "def add(a, b):"), ("prose", "The quick brown fox")])))
+    prompts.write_text(
+        "\n".join(
+            json.dumps({"question_id": i, "category": c, "turns": [t]})
+            for i, (c, t) in enumerate([("code", "def add(a, b):"), ("prose", "The quick brown fox")])
+        )
+    )
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--draft", str(draft),
-                           "--heads", str(tmp_path / "heads"), "--eagle", str(tmp_path / "eagle"),
-                           "--methods", ",".join(methods), "--prompts", str(prompts), "--max-new-tokens", "16",
-                           "--dtype", "fp32", "--out", str(out),
-                           # fixed trees, no draft budget: what is verified must not depend on this CPU's speed
-                           "--tree-nodes", "4"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paradec",
+            "bench",
+            "--model",
+            str(llama_dir),
+            "--draft",
+            str(draft),
+            "--heads",
+            str(tmp_path / "heads"),
+            "--eagle",
+            str(tmp_path / "eagle"),
+            "--methods",
+            ",".join(methods),
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "16",
+            "--dtype",
+            "fp32",
+            "--out",
+            str(out),
+            # fixed trees, no draft budget: what is verified must not depend on this CPU's speed
+            "--tree-nodes",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "results.json").read_text())
     assert {"config", "machine", "records", "summary", "peak_rss_mb"} <= set(result)
@@ -45,8 +77,19 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
         assert rec["new_tokens"] == 16 and rec["tokens_per_s"] > 0 and rec["identical_to_ar"] is True
     overall = {r["method"]: r for r in result["summary"] if r["category"] == "all"}
     assert set(overall) == set(methods)
-    for m in ("ar", "specinfer", "specinfer+ngram", "pld", "oracle", "medusa", "medusa+prune", "medusa+dynamic",
-              "propd", "eagle", "eagle+propd"):
+    for m in (
+        "ar",
+        "specinfer",
+        "specinfer+ngram",
+        "pld",
+        "oracle",
+        "medusa",
+        "medusa+prune",
+        "medusa+dynamic",
+        "propd",
+        "eagle",
+        "eagle+propd",
+    ):
         assert overall[m]["identical_to_ar"] == 1.0 and overall[m]["tau"] >= 1.0
     assert overall["oracle"]["tau"] > 4  # a perfect 8-deep chain commits ~9 tokens per pass
     assert {"code", "prose"} <= {r["category"] for r in result["summary"]}
@@ -61,22 +104,48 @@ def test_bench_tree_nodes_sets_fixed_trees_only(tmp_path, llama_dir):
     from paradec.models.eagle import EagleHead
 
     torch.manual_seed(0)
-    save_heads(Heads(MedusaHeads(64, 2), EarlyHead(64, 1e-6), 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1]],
-                                                                   "tree_nodes": 8}), tmp_path / "heads")
+    save_heads(
+        Heads(MedusaHeads(64, 2), EarlyHead(64, 1e-6), 1, {"rank_accuracy": [[0.4, 0.2], [0.2, 0.1]], "tree_nodes": 8}),
+        tmp_path / "heads",
+    )
     EagleHead(load_model(llama_dir).config).save(tmp_path / "eagle", {})
     prompts = tmp_path / "p.txt"
     prompts.write_text("def add(a, b):\n\nThe quick brown fox\n")
-    base = [sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--heads", str(tmp_path / "heads"),
-            "--eagle", str(tmp_path / "eagle"), "--prompts", str(prompts), "--max-new-tokens", "12", "--dtype", "fp32"]
-    proc = subprocess.run(base + ["--methods", "ar,medusa,eagle,eagle+propd", "--tree-nodes", "3",
-                                  "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    base = [
+        sys.executable,
+        "-m",
+        "paradec",
+        "bench",
+        "--model",
+        str(llama_dir),
+        "--heads",
+        str(tmp_path / "heads"),
+        "--eagle",
+        str(tmp_path / "eagle"),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "12",
+        "--dtype",
+        "fp32",
+    ]
+    proc = subprocess.run(
+        base + ["--methods", "ar,medusa,eagle,eagle+propd", "--tree-nodes", "3", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "out" / "results.json").read_text())
     nodes = {r["method"]: r["nodes_per_step"] for r in result["summary"] if r["category"] == "all"}
     assert nodes["eagle"] == 4 and 1 < nodes["medusa"] <= 4  # 3 drafted nodes + the root (heads' own size: 8)
     assert result["config"]["tree_nodes"] == 3
-    bad = subprocess.run(base + ["--methods", "medusa", "--tree-nodes", "0", "--out", str(tmp_path / "bad")],
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        base + ["--methods", "medusa", "--tree-nodes", "0", "--out", str(tmp_path / "bad")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "tree" in bad.stderr
     assert not (tmp_path / "bad").exists()
 
@@ -88,8 +157,24 @@ def test_bench_resumes_after_the_last_finished_group(tmp_path, llama_dir):
     prompts = tmp_path / "p.txt"
     prompts.write_text("def add(a, b):\n\nThe quick brown fox\n\nclass Stack:\n")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--methods", "ar,pld",
-           "--prompts", str(prompts), "--max-new-tokens", "8", "--dtype", "fp32", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paradec",
+        "bench",
+        "--model",
+        str(llama_dir),
+        "--methods",
+        "ar,pld",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "8",
+        "--dtype",
+        "fp32",
+        "--out",
+        str(out),
+    ]
     assert subprocess.run(cmd, capture_output=True, text=True, timeout=300).returncode == 0
     full = json.loads((out / "results.json").read_text())
     assert not (out / "partial.json").exists() and len(full["records"]) == 6
@@ -118,9 +203,25 @@ def test_prompt_formats(tmp_path):
 
 
 def test_bench_bad_input_exit_2(tmp_path, llama_dir):
-    proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(llama_dir), "--methods", "ar,warp",
-                           "--prompts", str(tmp_path / "none.txt"), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paradec",
+            "bench",
+            "--model",
+            str(llama_dir),
+            "--methods",
+            "ar,warp",
+            "--prompts",
+            str(tmp_path / "none.txt"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
 
@@ -143,9 +244,29 @@ def test_bench_quant_suffix_and_llamacpp_peer(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("def add(a, b):\n\nimport os\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "paradec", "bench", "--model", str(model), "--methods", ",".join(methods),
-                           "--prompts", str(prompts), "--max-new-tokens", "12", "--dtype", "fp32", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paradec",
+            "bench",
+            "--model",
+            str(model),
+            "--methods",
+            ",".join(methods),
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "12",
+            "--dtype",
+            "fp32",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     records = json.loads((out / "results.json").read_text())["records"]
     assert {r["method"] for r in records} == set(methods)

@@ -141,8 +141,16 @@ class Skipping(BatchBudget):
         return 0 if self.steps % 3 else width
 
 
-@pytest.mark.parametrize("method, opts", [("specinfer", {"expansion": [1, 2, 1]}), ("medusa", {}),
-                                          ("eagle", {}), ("eagle+ngram", {}), ("specinfer+ngram", {})])
+@pytest.mark.parametrize(
+    "method, opts",
+    [
+        ("specinfer", {"expansion": [1, 2, 1]}),
+        ("medusa", {}),
+        ("eagle", {}),
+        ("eagle+ngram", {}),
+        ("specinfer+ngram", {}),
+    ],
+)
 def test_drafters_that_skip_steps_catch_up_and_keep_ar_output(llama_dir, drafters, tmp_path, method, opts):
     """A drafter told to skip (an SSM's or EAGLE head's state falls behind by the skipped steps'
     tokens) catches up when it drafts again: output identical to `ar`, at batch 1 and 3."""

@@ -66,8 +66,11 @@ def test_auto_takes_the_cheapest_allowed_format_and_an_explicit_slow_one_is_warn
 
 
 def test_a_4_bit_gguf_allows_int4_and_int8(tmp_path):
-    for types, allowed in ((["F32", "Q4_1", "Q6_K"], ("bf16", "fp32", "int8", "int4")),
-                           (["F32", "Q8_0"], ("bf16", "fp32", "int8")), (["F16"], ("bf16", "fp32"))):
+    for types, allowed in (
+        (["F32", "Q4_1", "Q6_K"], ("bf16", "fp32", "int8", "int4")),
+        (["F32", "Q8_0"], ("bf16", "fp32", "int8")),
+        (["F16"], ("bf16", "fp32")),
+    ):
         (tmp_path / "paradec_gguf.json").write_text(json.dumps({"quant_types": types}))
         assert cpu.source_formats(tmp_path) == allowed
 

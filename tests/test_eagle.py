@@ -36,8 +36,18 @@ def heads(engine, tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle_heads")
     torch.manual_seed(0)
     EagleHead(engine.model.config).save(root / "random", {})
-    texts = ["def f(x):\n", "import re\n", "class A:\n", "for i in range(", "x = [", "with open(p) as f:\n",
-             "def g(a, b):\n", "print(", "return ", "if x is None:\n"]
+    texts = [
+        "def f(x):\n",
+        "import re\n",
+        "class A:\n",
+        "for i in range(",
+        "x = [",
+        "with open(p) as f:\n",
+        "def g(a, b):\n",
+        "print(",
+        "return ",
+        "if x is None:\n",
+    ]
     seqs = [g.token_ids for g in engine.generate(texts, max_new_tokens=64, ignore_eos=True)]
     seqs = [engine.tokenizer.encode(t) + s for t, s in zip(texts, seqs)]
     feats, labels = features(engine.model, seqs)
@@ -50,8 +60,15 @@ def heads(engine, tmp_path_factory):
         opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
         for step in range(60):
             idx = [(step * 4 + i) % len(seqs) for i in range(4)]
-            loss, _, _ = _batch_loss(head, engine.model.embed, lm_w, [seqs[i] for i in idx], [feats[i] for i in idx],
-                                     [labels[i] for i in idx], 0.1)
+            loss, _, _ = _batch_loss(
+                head,
+                engine.model.embed,
+                lm_w,
+                [seqs[i] for i in idx],
+                [feats[i] for i in idx],
+                [labels[i] for i in idx],
+                0.1,
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -88,8 +105,10 @@ def test_sampling_matches_target_joint_and_top_k_children_fail(engine, heads):
 
         q = probs(logits, self.sampling)
         top = q.topk(self.topk, dim=-1).indices.tolist()
-        return [[(i, t, math.log(max(float(q[b, i, t]), 1e-30)), q[b, i]) for i, ts in enumerate(row) for t in ts]
-                for b, row in enumerate(top)]
+        return [
+            [(i, t, math.log(max(float(q[b, i, t]), 1e-30)), q[b, i]) for i, ts in enumerate(row) for t in ts]
+            for b, row in enumerate(top)
+        ]
 
     EagleDrafter._children = top_k_as_sampled
     try:
@@ -152,6 +171,7 @@ def test_fixed_size_drafting_stops_early_with_the_same_tree(engine, heads, monke
         def run(self, *args):
             passes[key] += 1
             return real_run(self, *args)
+
         return run
 
     deepest = 0
@@ -205,8 +225,9 @@ def test_head_catches_up_after_lookup_steps(engine, heads):
     gen = engine.config(method="eagle+ngram", max_new_tokens=40, ignore_eos=True)
     prompt = engine.tokenizer.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n")
     sched = Scheduler(engine, 1, 256)
-    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling,
-                           lookup=NgramDrafter(3, 8, min_ngram=2))
+    drafter = EagleDrafter(
+        engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling, lookup=NgramDrafter(3, 8, min_ngram=2)
+    )
     group = sched.admit(engine._rows([prompt], gen), gen, drafter)
     ran = []
     while len(ran) < 20 and not (True in ran and ran[-1] is False):
@@ -268,11 +289,14 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     write_gguf(gguf, tok, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
     qs = [{"question_id": f"q{n}", "turns": [f"Write a function number {n}."]} for n in range(30)]
     (tmp_path / "question.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qs))
-    answers = [{"question_id": f"q{n}", "choices": [{"index": 0, "turns": [f"def f{n}(x):\n    return x + {n}\n"]}]}
-               for n in range(30)]
+    answers = [
+        {"question_id": f"q{n}", "choices": [{"index": 0, "turns": [f"def f{n}(x):\n    return x + {n}\n"]}]}
+        for n in range(30)
+    ]
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
-    cfg = EagleTrainConfig(epochs=2, draft_vocab=64, answers=(str(tmp_path / "a.jsonl"),), max_len=96,
-                           accept_prompts=2, accept_tokens=16)
+    cfg = EagleTrainConfig(
+        epochs=2, draft_vocab=64, answers=(str(tmp_path / "a.jsonl"),), max_len=96, accept_prompts=2, accept_tokens=16
+    )
     summary = train_eagle(gguf, tmp_path / "head", tmp_path / "run", tmp_path / "question.jsonl", cfg)
     assert summary["done"] and summary["draft_vocab"] == 64
     assert summary["train_sequences"] > summary["train_sequences_target"] > 0
@@ -288,11 +312,20 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     computed = []
     real_features = recipe.features
     monkeypatch.setattr(recipe, "features", lambda model, seqs: computed.extend(seqs) or real_features(model, seqs))
-    more = [{"question_id": f"q{n}", "choices": [{"index": 0, "turns": [f"def g{n}(y):\n    return y * {n}\n"]}]}
-            for n in range(30)]
+    more = [
+        {"question_id": f"q{n}", "choices": [{"index": 0, "turns": [f"def g{n}(y):\n    return y * {n}\n"]}]}
+        for n in range(30)
+    ]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(a) + "\n" for a in more))
-    warm = EagleTrainConfig(**{**cfg.__dict__, "answers": (str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")),
-                               "init": str(tmp_path / "head"), "epochs": 1, "ttt_steps": 2})
+    warm = EagleTrainConfig(
+        **{
+            **cfg.__dict__,
+            "answers": (str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")),
+            "init": str(tmp_path / "head"),
+            "epochs": 1,
+            "ttt_steps": 2,
+        }
+    )
     summary2 = train_eagle(gguf, tmp_path / "head2", tmp_path / "run", tmp_path / "question.jsonl", warm)
     assert summary2["done"] and summary2["train_sequences"] > summary["train_sequences"]
     assert len(summary2["heldout_top1_per_step"]) == 2  # the training-time test's second depth is reported
@@ -304,8 +337,13 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     stopped = EagleTrainConfig(**{**cfg.__dict__, "minutes": 1e-9})
     assert not train_eagle(gguf, tmp_path / "head3", tmp_path / "run3", tmp_path / "question.jsonl", stopped)["done"]
     with pytest.raises(ParadecError, match="unfinished run"):
-        train_eagle(gguf, tmp_path / "head3", tmp_path / "run3", tmp_path / "question.jsonl",
-                    EagleTrainConfig(**{**cfg.__dict__, "draft_vocab": 32}))
+        train_eagle(
+            gguf,
+            tmp_path / "head3",
+            tmp_path / "run3",
+            tmp_path / "question.jsonl",
+            EagleTrainConfig(**{**cfg.__dict__, "draft_vocab": 32}),
+        )
 
 
 def test_training_time_test_reads_what_a_deep_draft_node_reads(engine):

@@ -16,29 +16,53 @@ import torch
 import paradec
 from paradec.models.llama import cached_attention, linear
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\nclass Config:\n    def __init__(self", "x",
-           "for i in range(", "    return", "class Stack:\n    def push(self, item):", "#", "print(",
-           "def parse_args(argv):", "with open(path) as f:", "if __name__ == '__main__':", "try:\n    import",
-           "x = [", "def read_config(path):", "while True:", "lambda", "assert", "return {", "@property\ndef",
-           "from collections import"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n\nclass Config:\n    def __init__(self",
+    "x",
+    "for i in range(",
+    "    return",
+    "class Stack:\n    def push(self, item):",
+    "#",
+    "print(",
+    "def parse_args(argv):",
+    "with open(path) as f:",
+    "if __name__ == '__main__':",
+    "try:\n    import",
+    "x = [",
+    "def read_config(path):",
+    "while True:",
+    "lambda",
+    "assert",
+    "return {",
+    "@property\ndef",
+    "from collections import",
+]
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
-@pytest.mark.parametrize("opts", [dict(method="specinfer", expansion=[1, 2, 1, 1]),
-                                  dict(method="pld", num_draft=6, ngram_branches=2),
-                                  # 63 SSM nodes + 8 prompt-lookup nodes + the root: a pass wider than 64
-                                  # rows took the fused prefill kernel until the prefill flag
-                                  dict(method="specinfer", expansion=[2, 2, 2, 2, 2], with_ngram=True, num_draft=8)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(method="specinfer", expansion=[1, 2, 1, 1]),
+        dict(method="pld", num_draft=6, ngram_branches=2),
+        # 63 SSM nodes + 8 prompt-lookup nodes + the root: a pass wider than 64
+        # rows took the fused prefill kernel until the prefill flag
+        dict(method="specinfer", expansion=[2, 2, 2, 2, 2], with_ngram=True, num_draft=8),
+    ],
+)
 def test_bf16_methods_equal_ar_on_20_prompts(llama_dir, opts):
     # a self draft: deep trees get accepted (and verified in full: no draft budget)
     engine = paradec.load(llama_dir, dtype="bf16", drafts=[llama_dir], batch_budget=False)
     ar = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)
     out = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True, **opts)
     for p, a, g in zip(PROMPTS, ar, out):
-        assert g.token_ids == a.token_ids, f"{opts}: {p!r} leaves ar at token {_first_difference(a.token_ids, g.token_ids)}"
+        assert g.token_ids == a.token_ids, (
+            f"{opts}: {p!r} leaves ar at token {_first_difference(a.token_ids, g.token_ids)}"
+        )
     if opts["method"] == "specinfer":
         assert sum(g.stats.tau for g in out) / len(out) > 2  # the trees were really accepted deep
 
@@ -51,7 +75,7 @@ def test_attention_of_a_query_does_not_depend_on_the_pass():
         length, width = 30 + 17 * trial, 16
         parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, width)]
         # keys transposed inside a longer buffer, as the cache stores them: [1, kv, head_dim, slots]
-        k_t = torch.randn(1, 2, 32, length + width + 40, generator=gen).bfloat16()[..., :length + width]
+        k_t = torch.randn(1, 2, 32, length + width + 40, generator=gen).bfloat16()[..., : length + width]
         v = torch.randn(1, 2, length + width, 32, generator=gen).bfloat16()
         q = torch.randn(1, 6, width, 32, generator=gen).bfloat16()
         mask = torch.zeros(1, 1, width, length + width, dtype=torch.bool)
@@ -68,20 +92,26 @@ def test_attention_of_a_query_does_not_depend_on_the_pass():
             path.insert(0, length + node)
             node = parents[node]
         keys = list(range(length)) + path
-        alone = cached_attention(q[:, :, j:j + 1], k_t[..., keys], v[:, :, keys], None)
-        assert torch.equal(tree[:, :, j:j + 1], alone), trial
+        alone = cached_attention(q[:, :, j : j + 1], k_t[..., keys], v[:, :, keys], None)
+        assert torch.equal(tree[:, :, j : j + 1], alone), trial
 
 
 def test_linear_rows_do_not_depend_on_the_row_count():
     layer = torch.nn.Linear(1536, 64, bias=False).bfloat16()
     x = torch.randn(32, 1536).bfloat16()
     many = linear(layer, x)
-    assert all(torch.equal(linear(layer, x[i:i + 1]), many[i:i + 1]) for i in range(32))
+    assert all(torch.equal(linear(layer, x[i : i + 1]), many[i : i + 1]) for i in range(32))
 
 
-ALL_METHODS = ({"method": "pld"}, {"method": "specinfer", "expansion": [1, 1, 1, 1]},
-               {"method": "specinfer", "expansion": [1, 2, 1], "with_ngram": True}, {"method": "medusa"},
-               {"method": "propd"}, {"method": "eagle"}, {"method": "eagle+ngram"})
+ALL_METHODS = (
+    {"method": "pld"},
+    {"method": "specinfer", "expansion": [1, 1, 1, 1]},
+    {"method": "specinfer", "expansion": [1, 2, 1], "with_ngram": True},
+    {"method": "medusa"},
+    {"method": "propd"},
+    {"method": "eagle"},
+    {"method": "eagle+ngram"},
+)
 # the three verification shapes (a chain, a static tree, a dynamic tree): bf16 costs 3-7x per verified
 # row on a CPU without native bf16, so that run is kept to them
 SHAPES = ({"method": "pld"}, {"method": "medusa"}, {"method": "eagle"})
@@ -97,14 +127,26 @@ def test_every_lossless_method_equals_ar_on_smollm2(fmt, prompts, tokens, config
     from paradec.zoo import companions, default_gguf, zoo_eagle
 
     drafts, heads = companions(default_gguf())
-    engine = paradec.load(resolve_model(default_gguf()), dtype=fmt, quant=fmt if fmt == "auto" else "none",
-                          drafts=drafts[:1], heads=heads, eagle=zoo_eagle(default_gguf()))
+    engine = paradec.load(
+        resolve_model(default_gguf()),
+        dtype=fmt,
+        quant=fmt if fmt == "auto" else "none",
+        drafts=drafts[:1],
+        heads=heads,
+        eagle=zoo_eagle(default_gguf()),
+    )
     engine.budget = None
-    chats = [[{"role": "user", "content": q}] for q in
-             ("List three uses of a paperclip.", "def read_config(path):", "Write a haiku about rain.")[:prompts]]
+    chats = [
+        [{"role": "user", "content": q}]
+        for q in ("List three uses of a paperclip.", "def read_config(path):", "Write a haiku about rain.")[:prompts]
+    ]
     ar = [engine.generate(conv, max_new_tokens=tokens, ignore_eos=True) for conv in chats]
     for opts in configs:
         for conv, a in zip(chats, ar):
             g = engine.generate(conv, max_new_tokens=tokens, ignore_eos=True, **opts)
-            assert g.token_ids == a.token_ids, (fmt, opts, conv[-1]["content"],
-                                                _first_difference(a.token_ids, g.token_ids))
+            assert g.token_ids == a.token_ids, (
+                fmt,
+                opts,
+                conv[-1]["content"],
+                _first_difference(a.token_ids, g.token_ids),
+            )

@@ -20,8 +20,16 @@ from paradec.errors import ParadecError
 from paradec.models import gguf as pgguf
 from paradec.testing import make_tokenizer, stdlib_text, write_gguf
 
-QUANT = {"token_embd": Q.Q8_0, "attn_q": Q.Q4_1, "attn_k": Q.F16, "attn_v": Q.Q4_0, "attn_output": Q.Q8_0,
-         "ffn_gate": Q.Q4_K, "ffn_up": Q.Q6_K, "ffn_down": Q.Q4_1}
+QUANT = {
+    "token_embd": Q.Q8_0,
+    "attn_q": Q.Q4_1,
+    "attn_k": Q.F16,
+    "attn_v": Q.Q4_0,
+    "attn_output": Q.Q8_0,
+    "ffn_gate": Q.Q4_K,
+    "ffn_up": Q.Q6_K,
+    "ffn_down": Q.Q4_1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +78,9 @@ def test_weights_equal_gguf_dequantization(tiny_gguf, tmp_path):
             ref = pgguf.unpermute(ref, 4 if ".attn_q." in t.name else 2)
         assert torch.equal(ours[names[t.name]], torch.from_numpy(np.array(ref, dtype=np.float32))), t.name
     # un-permuting gives back the HF row order exactly (an F32 tensor and an F16 one round-trip)
-    assert torch.equal(ours["model.layers.0.input_layernorm.weight"],
-                       torch.from_numpy(originals["blk.0.attn_norm.weight"]))
+    assert torch.equal(
+        ours["model.layers.0.input_layernorm.weight"], torch.from_numpy(originals["blk.0.attn_norm.weight"])
+    )
     k = originals["blk.1.attn_k.weight"].astype(np.float16).astype(np.float32)
     assert torch.equal(ours["model.layers.1.self_attn.k_proj.weight"], torch.from_numpy(k))
 
@@ -89,7 +98,7 @@ def test_logits_and_greedy_equal_transformers_gguf_loader(arch, chat_tokenizer, 
     ours = engine.generate(ids, max_new_tokens=16, ignore_eos=True).token_ids
     with torch.inference_mode():
         theirs = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
-    assert ours == theirs[0, len(ids):].tolist()
+    assert ours == theirs[0, len(ids) :].tolist()
 
 
 def test_tokenizer_splits_digits_and_has_chat_template(tiny_gguf, chat_tokenizer):
@@ -131,8 +140,9 @@ def _run(*args, env_home):
     import os
 
     env = {**os.environ, "PARADEC_HOME": str(env_home)}
-    return subprocess.run([sys.executable, "-m", "paradec", *args], capture_output=True, text=True, timeout=300,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "paradec", *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -150,14 +160,24 @@ def bad_ggufs(tmp_path_factory, chat_tokenizer):
     return root
 
 
-@pytest.mark.parametrize("name,words", [
-    ("corrupt.gguf", "corrupt or truncated"), ("truncated.gguf", "corrupt or truncated"),
-    ("notgguf.gguf", "corrupt or truncated"), ("arch.gguf", "unsupported GGUF architecture 'gpt2'"),
-    ("quant.gguf", "TQ2_0"), ("tensor.gguf", "rope_freqs.weight"), ("missing.gguf", "does not exist")])
+@pytest.mark.parametrize(
+    "name,words",
+    [
+        ("corrupt.gguf", "corrupt or truncated"),
+        ("truncated.gguf", "corrupt or truncated"),
+        ("notgguf.gguf", "corrupt or truncated"),
+        ("arch.gguf", "unsupported GGUF architecture 'gpt2'"),
+        ("quant.gguf", "TQ2_0"),
+        ("tensor.gguf", "rope_freqs.weight"),
+        ("missing.gguf", "does not exist"),
+    ],
+)
 def test_bad_gguf_exits_2_with_one_line_and_no_cache(bad_ggufs, tmp_path, name, words):
     home = tmp_path / "home"
-    for args in (["generate", "--model", str(bad_ggufs / name), "hi"],
-                 ["convert", "gguf", str(bad_ggufs / name), str(tmp_path / "out")]):
+    for args in (
+        ["generate", "--model", str(bad_ggufs / name), "hi"],
+        ["convert", "gguf", str(bad_ggufs / name), str(tmp_path / "out")],
+    ):
         out = _run(*args, env_home=home)
         assert out.returncode == 2, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
@@ -200,18 +220,35 @@ def test_chat_is_multi_turn_through_the_template(tiny_gguf, tmp_path):
     env = {**os.environ, "PARADEC_HOME": str(tmp_path / "home")}
     opts = ["--model", str(path), "--dtype", "fp32", "--max-new-tokens", "8", "--ignore-eos"]
     # a line that is not UTF-8 is one error line, and the conversation goes on without it
-    out = subprocess.run([sys.executable, "-m", "paradec", "chat", *opts],
-                         input=b"hello\n/reset\ncaf\xe9 \xff\nhi\nagain\n/exit\n", capture_output=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "paradec", "chat", *opts],
+        input=b"hello\n/reset\ncaf\xe9 \xff\nhi\nagain\n/exit\n",
+        capture_output=True,
+        timeout=300,
+        env=env,
+    )
     out.stdout, out.stderr = out.stdout.decode(), out.stderr.decode()
     assert out.returncode == 0 and "not valid UTF-8" in out.stderr and "Traceback" not in out.stderr, out.stderr
     engine = paradec.load(path, dtype="fp32")
     first = engine.generate([{"role": "user", "content": "hello"}], max_new_tokens=8, ignore_eos=True).text
     second = engine.generate([{"role": "user", "content": "hi"}], max_new_tokens=8, ignore_eos=True).text
-    third = engine.generate([{"role": "user", "content": "hi"}, {"role": "assistant", "content": second},
-                             {"role": "user", "content": "again"}], max_new_tokens=8, ignore_eos=True).text
+    third = engine.generate(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": second},
+            {"role": "user", "content": "again"},
+        ],
+        max_new_tokens=8,
+        ignore_eos=True,
+    ).text
     assert out.stdout == f"{first}\n{second}\n{third}\n"
-    one = subprocess.run([sys.executable, "-m", "paradec", "generate", "--chat", *opts, "hello"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    one = subprocess.run(
+        [sys.executable, "-m", "paradec", "generate", "--chat", *opts, "hello"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert one.returncode == 0 and one.stdout == first + "\n"
     with pytest.raises(ParadecError, match="messages must be"):
         engine.generate([{"role": "robot", "content": "x"}])
@@ -223,8 +260,10 @@ def test_bench_feeds_the_second_turn_after_the_models_own_answer(tiny_gguf, tmp_
 
     path, _ = tiny_gguf
     qfile = tmp_path / "question.jsonl"
-    qfile.write_text('{"question_id": 7, "category": "writing", "turns": ["first question", "second question"]}\n'
-                     '{"question_id": 8, "category": "math", "turns": ["only one"]}\n')
+    qfile.write_text(
+        '{"question_id": 7, "category": "writing", "turns": ["first question", "second question"]}\n'
+        '{"question_id": 8, "category": "math", "turns": ["only one"]}\n'
+    )
     engine = paradec.load(path, dtype="fp32")
     cfg = BenchConfig(model=str(path), methods=("ar",), prompts=str(qfile), out=str(tmp_path / "o"), max_new_tokens=6)
     encoded = encode_prompts(engine, load_prompts(qfile), cfg)
@@ -233,6 +272,7 @@ def test_bench_feeds_the_second_turn_after_the_models_own_answer(tiny_gguf, tmp_
     answer = engine.generate(u1, max_new_tokens=6).text
     assert encoded[0][1] == engine.tokenizer.encode_messages(u1)
     assert encoded[1][1] == engine.tokenizer.encode_messages(
-        u1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "second question"}])
+        u1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "second question"}]
+    )
     plain = encode_prompts(engine, load_prompts(qfile), BenchConfig(**{**cfg.__dict__, "chat": False}))
     assert [p.id for p, _ in plain] == ["7", "8"] and plain[0][1] == engine.tokenizer.encode("first question")

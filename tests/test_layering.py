@@ -29,8 +29,10 @@ def _imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module == "paradec":  # from paradec import methods
-            out.update(f"paradec.{a.name}" if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists()
-                       else "paradec" for a in node.names)
+            out.update(
+                f"paradec.{a.name}" if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists() else "paradec"
+                for a in node.names
+            )
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "paradec":
             out.add(node.module)
         elif isinstance(node, ast.Import):
@@ -44,8 +46,10 @@ def _unit(module: str) -> str:
 
 
 def _files() -> dict[str, Path]:
-    return {".".join(("paradec", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__"): p
-            for p in ROOT.rglob("*.py")}
+    return {
+        ".".join(("paradec", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__"): p
+        for p in ROOT.rglob("*.py")
+    }
 
 
 def test_every_unit_has_a_layer():
@@ -63,7 +67,9 @@ def test_imports_point_down():
 
 def test_no_import_cycles_between_files():
     files = _files()
-    graph = {m: {t for t in _imports(p) if t in files and t != m and not m.startswith(t + ".")} for m, p in files.items()}
+    graph = {
+        m: {t for t in _imports(p) if t in files and t != m and not m.startswith(t + ".")} for m, p in files.items()
+    }
     # a package's __init__ re-exporting its own modules is not a cycle
     graph = {m: {t for t in ts if not (files[t].name == "__init__.py" and m.startswith(t))} for m, ts in graph.items()}
     state: dict[str, int] = {}
@@ -72,7 +78,7 @@ def test_no_import_cycles_between_files():
         state[m] = 1
         for t in graph[m]:
             if state.get(t) == 1:
-                raise AssertionError(" -> ".join(stack[stack.index(t):] + [t]) if t in stack else f"{m} -> {t}")
+                raise AssertionError(" -> ".join(stack[stack.index(t) :] + [t]) if t in stack else f"{m} -> {t}")
             if t not in state:
                 visit(t, stack + [t])
         state[m] = 2

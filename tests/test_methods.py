@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import PROMPTS
 
 import paradec
-from conftest import PROMPTS
 from paradec import methods
 from paradec.bench.harness import BenchConfig, bench_methods
 from paradec.cli import build_parser, main
@@ -83,12 +83,29 @@ def test_a_new_method_is_one_registration(engine, echo, llama_dir, tmp_path, cap
     ar = engine.generate(PROMPTS[0], max_new_tokens=N_NEW, ignore_eos=True)
     out = engine.generate(PROMPTS[0], method="echo", max_new_tokens=N_NEW, ignore_eos=True)
     assert out.token_ids == ar.token_ids and out.stats.verified > out.stats.steps
-    assert "echo" in build_parser()._subparsers._group_actions[0].choices["generate"]._option_string_actions[
-        "--method"].choices
+    assert (
+        "echo"
+        in build_parser()._subparsers._group_actions[0].choices["generate"]._option_string_actions["--method"].choices
+    )
     assert "echo" in bench_methods()
     BenchConfig(model=str(llama_dir), methods=("ar", "echo"), prompts="p", out="o")  # accepted
-    assert main(["generate", "--model", str(llama_dir), "--method", "echo", "--max-new-tokens", "8",
-                 "--ignore-eos", "--json", PROMPTS[0]]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(llama_dir),
+                "--method",
+                "echo",
+                "--max-new-tokens",
+                "8",
+                "--ignore-eos",
+                "--json",
+                PROMPTS[0],
+            ]
+        )
+        == 0
+    )
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 8
 
 
@@ -110,15 +127,20 @@ def test_needs_are_checked_before_decoding(llama_dir):
         bare.generate("x", method="aspd", temperature=0.5)
 
 
-@pytest.mark.parametrize("message, shown", [
-    ("pass model=PATH to a directory", "pass --model PATH to a directory"),
-    ("load them (drafts=PATH)", "load them (--draft PATH)"),
-    ("set temperature=0", "set --temperature 0"),
-    ("or drop chat=True)", "or drop --chat)"),
-    ("(set prune=False)", "(set --no-prune)"),
-    ("batch_size=, repeats= and max_new_tokens= must be >= 1", "--batch-size, --repeats and --max-new-tokens must be >= 1"),
-    ("rope_scaling=linear is not a flag", "rope_scaling=linear is not a flag"),
-])
+@pytest.mark.parametrize(
+    "message, shown",
+    [
+        ("pass model=PATH to a directory", "pass --model PATH to a directory"),
+        ("load them (drafts=PATH)", "load them (--draft PATH)"),
+        ("set temperature=0", "set --temperature 0"),
+        ("or drop chat=True)", "or drop --chat)"),
+        ("(set prune=False)", "(set --no-prune)"),
+        (
+            "batch_size=, repeats= and max_new_tokens= must be >= 1",
+            "--batch-size, --repeats and --max-new-tokens must be >= 1",
+        ),
+        ("rope_scaling=linear is not a flag", "rope_scaling=linear is not a flag"),
+    ],
+)
 def test_cli_shows_parameters_as_flags(message, shown):
     assert flag_message(message, build_parser()) == shown
-

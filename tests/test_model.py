@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import PROMPTS, VARIANTS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import paradec
-from conftest import PROMPTS, VARIANTS
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,9 @@ def test_greedy_matches_hf_generate(pairs, name):
     for prompt in PROMPTS:
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.inference_mode():
-            ref = hf.generate(ids, do_sample=False, max_new_tokens=24, min_new_tokens=24,
-                              pad_token_id=tok.eos_token_id)[0, ids.shape[1]:].tolist()
+            ref = hf.generate(
+                ids, do_sample=False, max_new_tokens=24, min_new_tokens=24, pad_token_id=tok.eos_token_id
+            )[0, ids.shape[1] :].tolist()
         ours = engine.generate(prompt, max_new_tokens=24, ignore_eos=True)
         assert ours.token_ids == ref
         assert ours.stats.steps == 24 and ours.stats.tau == 1.0

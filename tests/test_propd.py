@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import PROMPTS, two_token_joint_tv
 
 import paradec
-from paradec.scheduler import prefill, verify_forward
 import paradec.state
-from conftest import PROMPTS, two_token_joint_tv
 from paradec.draft import merge
 from paradec.draft.base import DraftTree
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.policy import Calibration, LatencyModel, TreePolicy
+from paradec.scheduler import prefill, verify_forward
 from paradec.tree.builders import top_paths
 from paradec.verify.prune import prune_proposal, pruned_pass
 
@@ -45,10 +45,18 @@ def ar_tokens(engine):
     return [g.token_ids for g in engine.generate(PROMPTS4, max_new_tokens=N_NEW, ignore_eos=True)]
 
 
-@pytest.mark.parametrize("opts", [dict(method="medusa"), dict(method="medusa", tree_nodes=30),
-                                  dict(method="propd"), dict(method="propd", prune=False),
-                                  dict(method="propd", dynamic=False), dict(method="propd", prune_topk=64),
-                                  dict(method="propd", step_scores=True)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(method="medusa"),
+        dict(method="medusa", tree_nodes=30),
+        dict(method="propd"),
+        dict(method="propd", prune=False),
+        dict(method="propd", dynamic=False),
+        dict(method="propd", prune_topk=64),
+        dict(method="propd", step_scores=True),
+    ],
+)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_identical_to_ar(engine, ar_tokens, opts, batch):
     if batch == 1:
@@ -85,7 +93,9 @@ def test_prune_proposal_drops_subtrees():
     assert survivors == [0, 3] and pruned.tree.tokens == (0, 3) and pruned.tree.parents == (-1, 0)
 
 
-@pytest.mark.parametrize("opts", [dict(method="medusa"), dict(method="propd"), dict(method="propd", deterministic=True)])
+@pytest.mark.parametrize(
+    "opts", [dict(method="medusa"), dict(method="propd"), dict(method="propd", deterministic=True)]
+)
 def test_sampling_matches_target_joint(engine, opts):
     tv, bound, _, _ = two_token_joint_tv(engine, **opts)
     assert tv < bound

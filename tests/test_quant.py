@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import PROMPTS
 from torch import nn
 
 import paradec
-from conftest import PROMPTS
 from paradec.errors import ParadecError
 from paradec.models.eagle import EagleHead
 from paradec.models.quant import Int4Linear, Int8Linear, quantize_linears
@@ -81,7 +81,7 @@ def test_q4_1_blocks_are_recovered_as_they_are(tmp_path):
     assert np.array_equal(q.numpy(), file_q)
     deq = down.dequantized()
     d = torch.from_numpy(blocks[:, 0:2].copy().view(np.float16).astype(np.float32)).view(ref.shape[0], -1)
-    tol = (d.abs() * 2 ** -7 * 17).repeat_interleave(32, 1)  # scale and zero rounded to bf16 (8 bits)
+    tol = (d.abs() * 2**-7 * 17).repeat_interleave(32, 1)  # scale and zero rounded to bf16 (8 bits)
     assert ((deq - ref).abs() <= tol).all()
 
 
@@ -104,7 +104,7 @@ def test_other_4_bit_gguf_blocks_keep_their_levels(tmp_path, qtype):
     exact = ((q.float() - 8) * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1) - ref).abs()
     assert exact.max() <= 1e-5 * ref.abs().max()  # every block back on its own levels
     step, offset = scale.repeat_interleave(32, 1), zero.repeat_interleave(32, 1)
-    bf16 = 2 ** -8 * (8 * step + offset.abs()) + 1e-7  # scale and zero each rounded to bf16
+    bf16 = 2**-8 * (8 * step + offset.abs()) + 1e-7  # scale and zero each rounded to bf16
     assert ((down.dequantized() - ref).abs() <= bf16).all()
     span = ref.reshape(ref.shape[0], -1, 32)
     minmax = (span.amax(-1) - span.amin(-1)) / 15  # what a min..max grid would use
@@ -117,8 +117,11 @@ def quant_engines(llama_dir, drafters, tmp_path_factory):
     eagle = tmp_path_factory.mktemp("eagle")
     torch.manual_seed(0)
     EagleHead(paradec.load(llama_dir).model.config).save(eagle, {})  # a random head: its trees vary
-    return {(q, dt): paradec.load(llama_dir, dtype=dt, drafts=[draft], heads=heads, eagle=eagle, quant=q)
-            for q in ("int8", "int4") for dt in ("fp32", "bf16")}
+    return {
+        (q, dt): paradec.load(llama_dir, dtype=dt, drafts=[draft], heads=heads, eagle=eagle, quant=q)
+        for q in ("int8", "int4")
+        for dt in ("fp32", "bf16")
+    }
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])

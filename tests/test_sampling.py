@@ -41,8 +41,9 @@ def test_greedy_is_one_hot_argmax():
     assert probs(LOGITS, SamplingConfig()).tolist() == [[1.0, 0, 0, 0, 0, 0]]
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0),
-                                 dict(top_p=1.5), dict(temperature=float("nan"))])
+@pytest.mark.parametrize(
+    "bad", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5), dict(temperature=float("nan"))]
+)
 def test_bad_values_are_rejected(bad):
     with pytest.raises(ParadecError):
         SamplingConfig(**bad)

@@ -29,8 +29,10 @@ def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_others_decode(eng
     monkeypatch.setattr(scheduler, "PREFILL_CHUNK", 32)
     long_ids = engine.tokenizer.encode(LONG)
     assert len(long_ids) > 4 * 32
-    alone = {p: engine.generate(p, method=m, max_new_tokens=10, ignore_eos=True).token_ids
-             for p, m in ((LONG, "pld"), ("def f(x):", "ar"))}  # prefilled in the same chunks, all at once
+    alone = {
+        p: engine.generate(p, method=m, max_new_tokens=10, ignore_eos=True).token_ids
+        for p, m in ((LONG, "pld"), ("def f(x):", "ar"))
+    }  # prefilled in the same chunks, all at once
     sched = Scheduler(engine, 3, 512, interleave_prefill=True)
     long = _group(engine, sched, LONG, "pld")
     short = _group(engine, sched, "def f(x):")

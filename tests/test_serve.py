@@ -23,8 +23,13 @@ from paradec.testing import GGUF_CHAT_TEMPLATE  # noqa: E402
 KEY = "test-key"
 NAME = "tiny"
 METHODS = ["ar", "pld", "specinfer", "medusa", "propd"]
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):",
-           "for i in range(", "with open(path) as f:"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "class Stack:\n    def push(self, item):",
+    "for i in range(",
+    "with open(path) as f:",
+]
 
 
 class _Server:
@@ -55,8 +60,7 @@ def _engine(llama_dir, drafters):
 
 @pytest.fixture(scope="module")
 def served(llama_dir, drafters):
-    app = build_app(_engine(llama_dir, drafters), NAME, max_batch=8, max_queue=128, api_key=KEY,
-                    max_tokens_limit=200)
+    app = build_app(_engine(llama_dir, drafters), NAME, max_batch=8, max_queue=128, api_key=KEY, max_tokens_limit=200)
     server = _Server(app)
     yield server, app.state.worker
     server.stop()
@@ -81,26 +85,36 @@ def client(served):
 def test_completions_chat_and_stream_equal_generate(client, solo, method):
     prompt = PROMPTS[1]
     ref = solo(prompt, method=method, max_new_tokens=24)
-    out = client.completions.create(model=NAME, prompt=prompt, max_tokens=24, temperature=0,
-                                    extra_body={"method": method})
+    out = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=24, temperature=0, extra_body={"method": method}
+    )
     assert out.choices[0].text == ref.text
     assert out.choices[0].finish_reason == ("length" if ref.finish_reason == "length" else "stop")
     assert out.usage.completion_tokens == len(ref.token_ids)
     assert out.usage.prompt_tokens == len(solo.engine.tokenizer.encode(prompt))
-    stream = client.completions.create(model=NAME, prompt=prompt, max_tokens=24, temperature=0, stream=True,
-                                       stream_options={"include_usage": True}, extra_body={"method": method})
+    stream = client.completions.create(
+        model=NAME,
+        prompt=prompt,
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"method": method},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
     assert chunks[-1].usage.completion_tokens == len(ref.token_ids) and not chunks[-1].choices
 
     messages = [{"role": "user", "content": "Write a stack class."}]
     ref = solo(messages, method=method, max_new_tokens=20)
-    chat = client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, temperature=0,
-                                          extra_body={"method": method})
+    chat = client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=20, temperature=0, extra_body={"method": method}
+    )
     assert chat.choices[0].message.content == ref.text and chat.choices[0].message.role == "assistant"
     assert chat.usage.completion_tokens == len(ref.token_ids)
-    pieces = client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, temperature=0,
-                                            stream=True, extra_body={"method": method})
+    pieces = client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=20, temperature=0, stream=True, extra_body={"method": method}
+    )
     assert "".join(c.choices[0].delta.content or "" for c in pieces) == ref.text
 
 
@@ -109,14 +123,19 @@ def test_usage_counts_and_done_marker(served, solo):
     prompt = PROMPTS[0]
     ref = solo(prompt, max_new_tokens=10)
     body = {"model": NAME, "prompt": prompt, "max_tokens": 10, "temperature": 0, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body,
-                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    ) as r:
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1])
     assert text == ref.text
-    out = httpx.post(server.url + "/v1/completions", json={**body, "stream": False},
-                     headers={"Authorization": f"Bearer {KEY}"}, timeout=60).json()
+    out = httpx.post(
+        server.url + "/v1/completions",
+        json={**body, "stream": False},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
+    ).json()
     assert out["usage"]["completion_tokens"] == len(ref.token_ids)
     assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"]
     assert out["object"] == "text_completion" and out["model"] == NAME
@@ -127,16 +146,26 @@ def test_concurrent_mixed_requests_equal_their_solo_runs(served, client, solo):
     reply and every seeded sampled reply (but ProPD's) equals its solo run, and passes really
     batched."""
     _, worker = served
-    jobs = [(PROMPTS[(c + r) % len(PROMPTS)], METHODS[(c * 5 + r) % len(METHODS)],
-             0.0 if (c + r) % 3 else 0.8, c * 10 + r) for c in range(16) for r in range(5)]
-    refs = {job: solo(job[0], method=job[1], max_new_tokens=16, temperature=job[2], seed=job[3]).text
-            for job in set(jobs)}
+    jobs = [
+        (PROMPTS[(c + r) % len(PROMPTS)], METHODS[(c * 5 + r) % len(METHODS)], 0.0 if (c + r) % 3 else 0.8, c * 10 + r)
+        for c in range(16)
+        for r in range(5)
+    ]
+    refs = {
+        job: solo(job[0], method=job[1], max_new_tokens=16, temperature=job[2], seed=job[3]).text for job in set(jobs)
+    }
 
     def one_client(c: int) -> list[bool]:
         ok = []
-        for prompt, method, temperature, seed in jobs[c * 5:(c + 1) * 5]:
-            out = client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=temperature,
-                                            seed=seed, extra_body={"method": method})
+        for prompt, method, temperature, seed in jobs[c * 5 : (c + 1) * 5]:
+            out = client.completions.create(
+                model=NAME,
+                prompt=prompt,
+                max_tokens=16,
+                temperature=temperature,
+                seed=seed,
+                extra_body={"method": method},
+            )
             if method == "propd" and temperature > 0:
                 # ProPD sizes its tree from measured time, so a seed does not fix its sampled text
                 # (README, "what a seed fixes"); greedy it is still exact
@@ -167,8 +196,9 @@ def test_disconnect_mid_stream_frees_the_row(served, client):
     body = {"model": NAME, "prompt": PROMPTS[2], "max_tokens": 200, "temperature": 0, "stream": True}
     metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     before = _metric(metrics, 'paradec_requests_total{outcome="cancelled"}') if "cancelled" in metrics else 0.0
-    with httpx.stream("POST", server.url + "/v1/completions", json=body,
-                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    ) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i >= 2:
                 break  # the client goes away mid-stream
@@ -176,34 +206,39 @@ def test_disconnect_mid_stream_frees_the_row(served, client):
     while worker.jobs or worker.scheduler.groups:
         assert time.time() < deadline, "the disconnected request kept its row"
         time.sleep(0.02)
-    after = _metric(httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text,
-                    'paradec_requests_total{outcome="cancelled"}')
+    after = _metric(
+        httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text,
+        'paradec_requests_total{outcome="cancelled"}',
+    )
     assert after == before + 1
     out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=4, temperature=0)
     assert out.usage.completion_tokens >= 1  # the server still serves
 
 
-@pytest.mark.parametrize("case, status", [
-    ("{not json", 400),
-    ({"model": NAME}, 400),  # no prompt
-    ({"model": NAME, "prompt": "x", "n": 2}, 400),
-    ({"model": NAME, "prompt": "x", "temperature": -1}, 400),
-    ({"model": NAME, "prompt": "x", "max_tokens": 10_000}, 400),
-    ({"model": NAME, "prompt": "x", "method": "nope"}, 400),
-    ({"model": NAME, "prompt": "x " * 400}, 400),  # longer than the context
-    ({"model": NAME, "prompt": "x", "stop": 7}, 400),
-    ({"model": NAME, "prompt": "x", "temperature": 1e-300}, 400),  # once a 500 that failed every stream beside it
-    ({"model": NAME, "prompt": "x", "max_tokens": True}, 400),  # once accepted as 1
-    ({"model": NAME, "prompt": "x", "stream": "yes"}, 400),  # once accepted as true
-    ('{"model": "tiny", "prompt": "\\ud800"}', 400),  # a lone surrogate: once a plain-text 500
-    ('{"model": "tiny", "messages": [{"role": "user", "content": "\\udfff"}]}', 400),
-    (b'{"model": "tiny", "prompt": "\xff\xfe"}', 400),  # not UTF-8
-    ("chunked-too-large", 413),  # no Content-Length: once read whole (10 MB in 26 s) before the 400
-    ({"model": "other", "prompt": "x"}, 404),
-    ("wrong-key", 401),
-    ("no-key", 401),
-    ("too-large", 413),
-])
+@pytest.mark.parametrize(
+    "case, status",
+    [
+        ("{not json", 400),
+        ({"model": NAME}, 400),  # no prompt
+        ({"model": NAME, "prompt": "x", "n": 2}, 400),
+        ({"model": NAME, "prompt": "x", "temperature": -1}, 400),
+        ({"model": NAME, "prompt": "x", "max_tokens": 10_000}, 400),
+        ({"model": NAME, "prompt": "x", "method": "nope"}, 400),
+        ({"model": NAME, "prompt": "x " * 400}, 400),  # longer than the context
+        ({"model": NAME, "prompt": "x", "stop": 7}, 400),
+        ({"model": NAME, "prompt": "x", "temperature": 1e-300}, 400),  # once a 500 that failed every stream beside it
+        ({"model": NAME, "prompt": "x", "max_tokens": True}, 400),  # once accepted as 1
+        ({"model": NAME, "prompt": "x", "stream": "yes"}, 400),  # once accepted as true
+        ('{"model": "tiny", "prompt": "\\ud800"}', 400),  # a lone surrogate: once a plain-text 500
+        ('{"model": "tiny", "messages": [{"role": "user", "content": "\\udfff"}]}', 400),
+        (b'{"model": "tiny", "prompt": "\xff\xfe"}', 400),  # not UTF-8
+        ("chunked-too-large", 413),  # no Content-Length: once read whole (10 MB in 26 s) before the 400
+        ({"model": "other", "prompt": "x"}, 404),
+        ("wrong-key", 401),
+        ("no-key", 401),
+        ("too-large", 413),
+    ],
+)
 def test_bad_inputs_get_their_status_and_the_server_serves_on(served, client, case, status):
     server, _ = served
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -267,8 +302,11 @@ def test_a_stalled_body_times_out(served, monkeypatch):
     monkeypatch.setattr(app_module, "BODY_TIMEOUT_S", 0.5)
     server, _ = served
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode()
-                  + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + KEY.encode()
+            + b'\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model":'
+        )
         reply = s.recv(4096).decode()
     assert reply.startswith("HTTP/1.1 408"), reply
 

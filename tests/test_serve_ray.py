@@ -15,8 +15,16 @@ pytest.importorskip("fastapi")
 
 import paradec  # noqa: E402
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):",
-           "for i in range(", "with open(path) as f:", "x = [", "try:\n    import", "while True:"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "class Stack:\n    def push(self, item):",
+    "for i in range(",
+    "with open(path) as f:",
+    "x = [",
+    "try:\n    import",
+    "while True:",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +38,16 @@ def ray_server(llama_dir, tmp_path_factory):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ray.serve's pydantic deprecation warnings
         try:
-            ray_app.start(load, "tiny", 2, host="127.0.0.1", port=port, replica_cpus=0.5,
-                          temp_dir=str(tmp_path_factory.mktemp("ray")), max_batch=4)
+            ray_app.start(
+                load,
+                "tiny",
+                2,
+                host="127.0.0.1",
+                port=port,
+                replica_cpus=0.5,
+                temp_dir=str(tmp_path_factory.mktemp("ray")),
+                max_batch=4,
+            )
             yield f"http://127.0.0.1:{port}"
         finally:
             ray_app.stop()
@@ -43,8 +59,11 @@ def test_two_replicas_serve_and_agree_with_one_engine(ray_server, llama_dir):
 
     def ask(i: int) -> tuple[str, str, str]:
         p = PROMPTS[i % len(PROMPTS)]
-        r = httpx.post(ray_server + "/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 12,
-                                                             "temperature": 0}, timeout=120)
+        r = httpx.post(
+            ray_server + "/v1/completions",
+            json={"model": "tiny", "prompt": p, "max_tokens": 12, "temperature": 0},
+            timeout=120,
+        )
         r.raise_for_status()
         return p, r.json()["choices"][0]["text"], r.headers["x-paradec-replica"]
 

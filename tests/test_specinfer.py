@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from conftest import PROMPTS, two_token_joint_tv
 from safetensors.torch import load_file, save_file
 
 import paradec
-from conftest import PROMPTS, two_token_joint_tv
 from paradec.config import SamplingConfig
 from paradec.draft import DraftTree, NgramDrafter, merge
 from paradec.sampling import probs
@@ -111,6 +111,7 @@ def test_ngram_drafts_further_on_a_longer_match():
 
 # ---- sampling: distribution tests ---------------------------------------------------------
 
+
 def _tv(counts: dict, exact: dict) -> float:
     n = sum(counts.values())
     keys = set(counts) | set(exact)
@@ -139,8 +140,9 @@ def _mss_no_residual(proposal, logits, cfg, gen):
     return int(torch.multinomial(p, 1, generator=gen))
 
 
-@pytest.mark.parametrize("variant, should_pass", [("mss", True), ("naive", True),
-                                                  ("no-residual", False), ("top-k children", False)])
+@pytest.mark.parametrize(
+    "variant, should_pass", [("mss", True), ("naive", True), ("no-residual", False), ("top-k children", False)]
+)
 def test_acceptor_first_token_distribution(variant, should_pass):
     """Vocab 6, 3 children per node: the first token must follow p (TV within a sample bound)."""
     gen = torch.Generator().manual_seed(0)
@@ -165,10 +167,15 @@ def test_acceptor_first_token_distribution(variant, should_pass):
     assert (tv < bound) == should_pass, (variant, tv, bound)
 
 
-@pytest.mark.parametrize("opts", [dict(method="specinfer", expansion=[1, 1]),
-                                  dict(method="specinfer", expansion=[3, 2]),
-                                  dict(method="specinfer", expansion=[2, 2], acceptor="naive"),
-                                  dict(method="specinfer", expansion=[2, 1], with_ngram=True)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(method="specinfer", expansion=[1, 1]),
+        dict(method="specinfer", expansion=[3, 2]),
+        dict(method="specinfer", expansion=[2, 2], acceptor="naive"),
+        dict(method="specinfer", expansion=[2, 1], with_ngram=True),
+    ],
+)
 def test_engine_sampling_matches_target_joint_of_two_tokens(llama_dir, drafts, opts):
     """First two sampled tokens under MSS vs the exact target joint (top-k 3 keeps 9 cells)."""
     tv, bound, counts, exact = two_token_joint_tv(engine_with(llama_dir, drafts["ssm1"]), **opts)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 import paradec
-from paradec.scheduler import prefill, verify_forward
 import paradec.state
+from paradec.scheduler import prefill, verify_forward
 from paradec.tree import ScratchTree, TokenTree, pass_tensors
 
 # r -> 1 -> 3 -> 6 ; r -> 1 -> 4 ; r -> 2 -> 5 ; r -> 2 -> 7 -> 8
@@ -47,7 +47,7 @@ def test_tree_logits_equal_path_logits(checkpoints):
         tree_logits = verify_forward(engine.model, [TREE], cache)[0][0]  # [nodes, vocab]
         for path in TREE.leaf_paths():
             seq = torch.tensor([prompt[:-1] + [TREE.tokens[i] for i in path]])
-            ref = engine.model(seq)[0, len(prompt) - 1:]
+            ref = engine.model(seq)[0, len(prompt) - 1 :]
             assert (ref - tree_logits[path]).abs().max() <= 1e-4
 
 

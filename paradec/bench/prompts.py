@@ -31,8 +31,10 @@ def load_prompts(path: str | Path, limit: int | None = None, per_category: int |
         return out[:limit] if limit else out
     path = Path(path)
     if not path.is_file():
-        raise ParadecError(f"prompt file {str(path)!r} does not exist; pass prompts=FILE "
-                           "(question.jsonl, HumanEval.jsonl.gz or one prompt per line)")
+        raise ParadecError(
+            f"prompt file {str(path)!r} does not exist; pass prompts=FILE "
+            "(question.jsonl, HumanEval.jsonl.gz or one prompt per line)"
+        )
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
@@ -53,15 +55,15 @@ def load_prompts(path: str | Path, limit: int | None = None, per_category: int |
             turns = rec["turns"]
             if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
                 raise ParadecError(f"{path}:{i + 1} has no usable 'turns' (a non-empty list of non-empty strings)")
-            out.append(Prompt(str(rec.get("question_id", i)), str(rec.get("category", "all")), turns[0],
-                              tuple(turns)))
+            out.append(Prompt(str(rec.get("question_id", i)), str(rec.get("category", "all")), turns[0], tuple(turns)))
         elif "prompt" in rec:
             if not isinstance(rec["prompt"], str):
                 raise ParadecError(f"{path}:{i + 1} has a 'prompt' that is not a string")
             out.append(Prompt(str(rec.get("task_id", i)), str(rec.get("category", "code")), rec["prompt"]))
         else:
-            raise ParadecError(f"{path}:{i + 1} has neither 'turns' nor 'prompt'; "
-                               "use Spec-Bench question.jsonl or HumanEval format")
+            raise ParadecError(
+                f"{path}:{i + 1} has neither 'turns' nor 'prompt'; use Spec-Bench question.jsonl or HumanEval format"
+            )
     if per_category:
         seen: dict[str, int] = {}
         kept = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import platform
+import statistics
 from pathlib import Path
 
 import torch
@@ -15,14 +15,22 @@ def machine() -> dict:
     from paradec.cpu import cpu_info
 
     cpu = cpu_info()
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
-            "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine(), "cpu": cpu.kind, "isa": list(cpu.isa)}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu": cpu.kind,
+        "isa": list(cpu.isa),
+    }
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)
+
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
@@ -38,8 +46,10 @@ def write_json(obj, path: str | Path) -> None:
 
 def mean_rows(results: dict[str, list[tuple]], key: str, fields: list[str]) -> list[dict]:
     """One row per label: the mean of each tuple position over its runs, named by ``fields``."""
-    return [{key: label, **{f: statistics.mean(float(v[i]) for v in vals) for i, f in enumerate(fields)}}
-            for label, vals in results.items()]
+    return [
+        {key: label, **{f: statistics.mean(float(v[i]) for v in vals) for i, f in enumerate(fields)}}
+        for label, vals in results.items()
+    ]
 
 
 def bench_plots(result: dict, out_dir: Path) -> None:
@@ -58,8 +68,9 @@ def bench_plots(result: dict, out_dir: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * len(methods) / 3), 4))
     width = 0.8 / len(methods)
     for i, m in enumerate(methods):
-        vals = [next((r["speedup_vs_ar"] or 0 for r in summary if r["method"] == m and r["category"] == c), 0)
-                for c in cats]
+        vals = [
+            next((r["speedup_vs_ar"] or 0 for r in summary if r["method"] == m and r["category"] == c), 0) for c in cats
+        ]
         ax.bar([j + i * width for j in range(len(cats))], vals, width, label=m)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20)

@@ -21,6 +21,16 @@ def standin(root: str | Path, size: str, vocab_size: int = 16384, tokenizer=None
         return out
     hidden, layers, heads, ffn = SIZES[size]
     tok = tokenizer or make_tokenizer(vocab_size, stdlib_text(2_000_000))
-    return make_checkpoint(out, "llama", vocab_size=vocab_size, hidden_size=hidden, num_layers=layers,
-                           num_heads=heads, intermediate_size=ffn, tie_word_embeddings=True,
-                           init_std=0.02, max_position_embeddings=2048, tokenizer=tok)
+    return make_checkpoint(
+        out,
+        "llama",
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=ffn,
+        tie_word_embeddings=True,
+        init_std=0.02,
+        max_position_embeddings=2048,
+        tokenizer=tok,
+    )

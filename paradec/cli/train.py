@@ -4,8 +4,8 @@ each resumable from its run directory."""
 from __future__ import annotations
 
 import argparse
-import math
 import json
+import math
 from pathlib import Path
 
 from paradec.cli.common import writable_dir
@@ -29,11 +29,20 @@ def add_train_parser(sub) -> None:
     ts.add_argument("--run-dir", default="runs/zoo")
     ts.add_argument("--num", type=int, default=3, help="SSMs in the pool")
     ts.add_argument("--samples", type=int, default=4000, help="target continuations to distill from")
-    ts.add_argument("--questions", default=None, metavar="FILE",
-                    help="chat model: distill from the target's answers to these questions (question.jsonl; "
-                         "never an evaluation set)")
-    ts.add_argument("--answers", nargs="*", default=[], metavar="FILE",
-                    help="chat model: other models' answers to --questions (model_answer jsonl), to pretrain on")
+    ts.add_argument(
+        "--questions",
+        default=None,
+        metavar="FILE",
+        help="chat model: distill from the target's answers to these questions (question.jsonl; "
+        "never an evaluation set)",
+    )
+    ts.add_argument(
+        "--answers",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+        help="chat model: other models' answers to --questions (model_answer jsonl), to pretrain on",
+    )
     th = tsub.add_parser("heads", help="Medusa heads + early-pruning head for ProPD (frozen backbone)")
     th.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
     th.add_argument("--out", required=True)
@@ -41,44 +50,83 @@ def add_train_parser(sub) -> None:
     th.add_argument("--num-heads", type=int, default=4)
     th.add_argument("--early-layer", type=int, default=None, help="default: a quarter of the layers")
     th.add_argument("--epochs", type=int, default=3)
-    th.add_argument("--questions", default=None, metavar="FILE",
-                    help="chat model: train on the target's answers to these questions (question.jsonl)")
+    th.add_argument(
+        "--questions",
+        default=None,
+        metavar="FILE",
+        help="chat model: train on the target's answers to these questions (question.jsonl)",
+    )
     te = tsub.add_parser("eagle", help="EAGLE draft head (one decoder layer on the target's features; frozen target)")
     te.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
     te.add_argument("--out", required=True)
-    te.add_argument("--questions", required=True, metavar="FILE",
-                    help="train on the target's answers to these questions (question.jsonl; never an evaluation set)")
-    te.add_argument("--answers", nargs="*", default=[], metavar="FILE",
-                    help="other models' answers to --questions (model_answer jsonl): more text to read the target's "
-                         "features on")
-    te.add_argument("--draft-vocab", type=int, default=8192,
-                    help="draft over the K tokens the target emits most often (0: the whole vocabulary)")
+    te.add_argument(
+        "--questions",
+        required=True,
+        metavar="FILE",
+        help="train on the target's answers to these questions (question.jsonl; never an evaluation set)",
+    )
+    te.add_argument(
+        "--answers",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+        help="other models' answers to --questions (model_answer jsonl): more text to read the target's features on",
+    )
+    te.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=8192,
+        help="draft over the K tokens the target emits most often (0: the whole vocabulary)",
+    )
     te.add_argument("--run-dir", default="runs/zoo", help="answers, features, resumable state and logs")
     te.add_argument("--epochs", type=float, default=3.0)
     te.add_argument("--lr", type=float, default=1e-3)
     te.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
-    te.add_argument("--ttt-steps", type=int, default=1,
-                    help="EAGLE-3's training-time test: also train where the head reads its own predicted features, "
-                         "as draft nodes up to this deep do (1: teacher-forced features only)")
-    te.add_argument("--init", default=None, metavar="PATH",
-                    help="start from this trained head (its weights and draft vocabulary), e.g. to train on more "
-                         "answers")
-    ta = tsub.add_parser("aspd", help="ASPD fine-tune (LoRA adapter) of a model: on chat answers whose lists and "
-                                      "sections are independent (--questions/--answers), or on stdlib function groups")
+    te.add_argument(
+        "--ttt-steps",
+        type=int,
+        default=1,
+        help="EAGLE-3's training-time test: also train where the head reads its own predicted features, "
+        "as draft nodes up to this deep do (1: teacher-forced features only)",
+    )
+    te.add_argument(
+        "--init",
+        default=None,
+        metavar="PATH",
+        help="start from this trained head (its weights and draft vocabulary), e.g. to train on more answers",
+    )
+    ta = tsub.add_parser(
+        "aspd",
+        help="ASPD fine-tune (LoRA adapter) of a model: on chat answers whose lists and "
+        "sections are independent (--questions/--answers), or on stdlib function groups",
+    )
     ta.add_argument("--base", required=True, help="the model to fine-tune: a directory or a GGUF file")
-    ta.add_argument("--questions", default=None, metavar="FILE",
-                    help="chat data: question.jsonl of non-evaluation questions (e.g. arena-hard); the ASPD tokens "
-                         "are added to the vocabulary if the base lacks them")
-    ta.add_argument("--answers", nargs="+", default=(), metavar="FILE",
-                    help="chat data: answers to those questions (FastChat model_answer files, paradec self-answers)")
+    ta.add_argument(
+        "--questions",
+        default=None,
+        metavar="FILE",
+        help="chat data: question.jsonl of non-evaluation questions (e.g. arena-hard); the ASPD tokens "
+        "are added to the vocabulary if the base lacks them",
+    )
+    ta.add_argument(
+        "--answers",
+        nargs="+",
+        default=(),
+        metavar="FILE",
+        help="chat data: answers to those questions (FastChat model_answer files, paradec self-answers)",
+    )
     ta.add_argument("--max-tokens", type=int, default=512, help="longest example (prompt + marked answer)")
     ta.add_argument("--out", required=True, help="where the adapter is exported (loads like a model directory)")
     ta.add_argument("--run-dir", default="runs/aspd/model", help="resumable state and logs")
     ta.add_argument("--twin", action="store_true", help="train the Seq twin: same windows, markup removed")
     ta.add_argument("--epochs", type=float, default=1.0)
     ta.add_argument("--rank", type=int, default=32)
-    ta.add_argument("--min-branches", type=int, default=2,
-                    help="train on windows whose function group has at least this many branches")
+    ta.add_argument(
+        "--min-branches",
+        type=int,
+        default=2,
+        help="train on windows whose function group has at least this many branches",
+    )
     ta.add_argument("--batch-size", type=int, default=8)
     ta.add_argument("--lr", type=float, default=1e-3)
     ta.add_argument("--minutes", type=float, default=None, help="stop after this long; rerun to resume")
@@ -102,9 +150,16 @@ def _train_config(args: argparse.Namespace):
             raise ParadecError(f"--{name.replace('_', '-')} must be >= 1")
     if not 0 < args.lr < math.inf:
         raise ParadecError("--lr must be > 0")
-    return TrainConfig(seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
-                       max_steps=args.max_steps, minutes=args.minutes, seed=args.seed,
-                       warmup_steps=min(100, args.max_steps // 10 + 1))
+    return TrainConfig(
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        min_lr=args.lr / 10,
+        max_steps=args.max_steps,
+        minutes=args.minutes,
+        seed=args.seed,
+        warmup_steps=min(100, args.max_steps // 10 + 1),
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -148,13 +203,15 @@ def cmd_train(args: argparse.Namespace) -> None:
 
             layers = ModelConfig.from_dir(resolve_model(args.target)).num_layers
             if not 1 <= args.early_layer < layers:
-                raise ParadecError(f"--early-layer {args.early_layer}: the target has {layers} layers; "
-                                   f"pass 1 .. {layers - 1}")
+                raise ParadecError(
+                    f"--early-layer {args.early_layer}: the target has {layers} layers; pass 1 .. {layers - 1}"
+                )
         if args.questions:
             from paradec.train.chat_recipes import train_chat_heads
 
-            meta = train_chat_heads(args.target, args.out, args.run_dir, args.questions, args.num_heads,
-                                    args.early_layer, args.epochs)
+            meta = train_chat_heads(
+                args.target, args.out, args.run_dir, args.questions, args.num_heads, args.early_layer, args.epochs
+            )
         else:
             meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
         print(json.dumps({k: meta[k] for k in ("top1", "top5", "early_topk_recall", "expected_tau_static")}))
@@ -175,25 +232,47 @@ def cmd_train(args: argparse.Namespace) -> None:
         if args.init is not None and not (Path(args.init) / "eagle.json").is_file():
             raise ParadecError(f"--init {args.init}: no EAGLE head there (eagle.json missing); pass a head directory")
         writable_dir(Path(args.out), "--out")
-        cfg = EagleTrainConfig(epochs=args.epochs, lr=args.lr, min_lr=args.lr / 10, minutes=args.minutes,
-                               draft_vocab=args.draft_vocab or None, answers=tuple(args.answers), init=args.init,
-                               ttt_steps=args.ttt_steps)
+        cfg = EagleTrainConfig(
+            epochs=args.epochs,
+            lr=args.lr,
+            min_lr=args.lr / 10,
+            minutes=args.minutes,
+            draft_vocab=args.draft_vocab or None,
+            answers=tuple(args.answers),
+            init=args.init,
+            ttt_steps=args.ttt_steps,
+        )
         summary = train_eagle(args.target, args.out, args.run_dir, args.questions, cfg)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
     elif args.what == "aspd":
         from paradec.train.aspd import AspdTrainConfig, train_aspd
 
-        if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or not 0 < args.lr < math.inf or args.min_branches < 2:
+        if (
+            args.epochs <= 0
+            or args.rank < 1
+            or args.batch_size < 1
+            or not 0 < args.lr < math.inf
+            or args.min_branches < 2
+        ):
             raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1, --min-branches >= 2")
         if bool(args.questions) != bool(args.answers):
             raise ParadecError("chat data needs both --questions FILE and --answers FILE [FILE ...]")
         if args.max_tokens < 64:
             raise ParadecError("--max-tokens must be >= 64")
-        cfg = AspdTrainConfig(twin=args.twin, rank=args.rank, alpha=float(args.rank), epochs=args.epochs,
-                              batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
-                              minutes=args.minutes, seed=args.seed, min_branches=args.min_branches,
-                              questions=args.questions, answers=tuple(args.answers), max_tokens=args.max_tokens)
+        cfg = AspdTrainConfig(
+            twin=args.twin,
+            rank=args.rank,
+            alpha=float(args.rank),
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            min_lr=args.lr / 10,
+            minutes=args.minutes,
+            seed=args.seed,
+            min_branches=args.min_branches,
+            questions=args.questions,
+            answers=tuple(args.answers),
+            max_tokens=args.max_tokens,
+        )
         summary = train_aspd(args.base, args.out, args.run_dir, cfg)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
-
-

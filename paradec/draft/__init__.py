@@ -11,8 +11,18 @@ from paradec.draft.heads import HeadDrafter
 from paradec.draft.model import ModelDrafter
 from paradec.draft.ngram import NgramDrafter
 
-__all__ = ["DraftTree", "Draw", "Drafter", "DrafterHooks", "HeadDrafter", "ModelDrafter", "NgramDrafter", "Proposal",
-           "TreeDrafter", "merge"]
+__all__ = [
+    "DraftTree",
+    "Draw",
+    "Drafter",
+    "DrafterHooks",
+    "HeadDrafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "Proposal",
+    "TreeDrafter",
+    "merge",
+]
 
 
 class Drafter(Protocol):

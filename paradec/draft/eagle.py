@@ -34,15 +34,14 @@ import math
 import torch
 
 from paradec.config import SamplingConfig
+from paradec.cpu import PassCost
 from paradec.draft.base import DrafterHooks
 from paradec.draft.ngram import NgramDrafter
 from paradec.models.eagle import EagleHead
-from paradec.cpu import PassCost
 from paradec.policy.dynamic import SIZES, CurveLatency, LatencyModel
 from paradec.sampling import probs
 from paradec.tree import ScratchTree, pass_tensors
 from paradec.tree.proposal import DraftTree, Proposal, merge
-
 
 IDLE_LOOK_EVERY = 16  # eagle+propd: a cost model that verified nothing drafts again this often
 
@@ -92,9 +91,18 @@ class EagleCostModel:
 
 
 class EagleDrafter(DrafterHooks):
-    def __init__(self, head: EagleHead, embed: torch.nn.Embedding, lm_head: torch.nn.Linear,
-                 sampling: SamplingConfig, topk: int = 4, depth: int = 5, nodes: int = 16,
-                 cost: EagleCostModel | None = None, lookup: NgramDrafter | None = None) -> None:
+    def __init__(
+        self,
+        head: EagleHead,
+        embed: torch.nn.Embedding,
+        lm_head: torch.nn.Linear,
+        sampling: SamplingConfig,
+        topk: int = 4,
+        depth: int = 5,
+        nodes: int = 16,
+        cost: EagleCostModel | None = None,
+        lookup: NgramDrafter | None = None,
+    ) -> None:
         self.head, self.embed, self.lm_head, self.sampling = head, embed, lm_head, sampling
         self.depth, self.nodes, self.cost, self.lookup = depth, nodes, cost, lookup
         self.head_ran = True  # whether this step's pending pairs went through the head
@@ -125,11 +133,15 @@ class EagleDrafter(DrafterHooks):
         self.cache = self.head.new_cache(len(prompts), max_len + scratch)
         dtype = self.head.dtype
         zero = torch.zeros(hidden, dtype=dtype, device=self.device)
-        self.pending = [[(features[b, len(p) - 2].to(dtype) if features is not None and len(p) > 1 else zero, p[-1])]
-                        for b, p in enumerate(prompts)]
+        self.pending = [
+            [(features[b, len(p) - 2].to(dtype) if features is not None and len(p) > 1 else zero, p[-1])]
+            for b, p in enumerate(prompts)
+        ]
         # the committed context: pairs (f_i, x_{i+1}) for i < len(p) - 2
-        pairs = [[(features[b, i], p[i + 1]) for i in range(len(p) - 2)] if features is not None else []
-                 for b, p in enumerate(prompts)]
+        pairs = [
+            [(features[b, i], p[i + 1]) for i in range(len(p) - 2)] if features is not None else []
+            for b, p in enumerate(prompts)
+        ]
         if any(pairs):
             self._chains(pairs)
             for b, chain in enumerate(pairs):
@@ -141,8 +153,7 @@ class EagleDrafter(DrafterHooks):
         [batch, width, hidden])."""
         width = max(len(c) for c in chains)
         dtype = self.head.dtype
-        rows, feats = [], torch.zeros(len(chains), width, self.head.config.hidden_size, dtype=dtype,
-                                      device=self.device)
+        rows, feats = [], torch.zeros(len(chains), width, self.head.config.hidden_size, dtype=dtype, device=self.device)
         for b, chain in enumerate(chains):
             row = ScratchTree()
             for i, (f, tok) in enumerate(chain):
@@ -157,8 +168,9 @@ class EagleDrafter(DrafterHooks):
         """feats [batch, width, hidden] -> predicted features [batch, width, hidden]."""
         tokens, pos, mask = pass_tensors(rows, start, width, self.cache.lengths)
         dev = self.device
-        out = self.head(feats, tokens.to(dev), pos.to(dev), self.embed, None if mask is None else mask.to(dev),
-                        self.cache)
+        out = self.head(
+            feats, tokens.to(dev), pos.to(dev), self.embed, None if mask is None else mask.to(dev), self.cache
+        )
         self.cache.keep_scratch(width)
         return out
 
@@ -204,9 +216,12 @@ class EagleDrafter(DrafterHooks):
                 if self.sampling.greedy and all(_settled(nodes[b], grow[b], bound) for b in range(batch)):
                     break  # no deeper node can enter a row's top m: the verified trees are complete
                 at = [{n: i for i, n in enumerate(row)} for row in front]  # node -> its index in front_feats
-                parent_at = torch.tensor([[at[b][nodes[b][n][0]] for n in grow[b]] for b in range(batch)],
-                                         device=self.device)  # [batch, grow]
-                run_feats = front_feats[torch.arange(batch, device=self.device)[:, None], parent_at]  # [batch, grow, hidden]
+                parent_at = torch.tensor(
+                    [[at[b][nodes[b][n][0]] for n in grow[b]] for b in range(batch)], device=self.device
+                )  # [batch, grow]
+                run_feats = front_feats[
+                    torch.arange(batch, device=self.device)[:, None], parent_at
+                ]  # [batch, grow, hidden]
                 for b in range(batch):
                     for n in grow[b]:
                         local[b][n] = rows[b].add(nodes[b][n][1], local[b][nodes[b][n][0]])
@@ -232,8 +247,10 @@ class EagleDrafter(DrafterHooks):
             logp = logits.log_softmax(-1)
             top = logp.topk(self.topk, dim=-1)
             idx, vals = top.indices.tolist(), top.values.tolist()  # host sync: the tree is built on the host
-            return [[(i, tok(k), v, None) for i, (ks, vs) in enumerate(zip(row_k, row_v)) for k, v in zip(ks, vs)]
-                    for row_k, row_v in zip(idx, vals)]
+            return [
+                [(i, tok(k), v, None) for i, (ks, vs) in enumerate(zip(row_k, row_v)) for k, v in zip(ks, vs)]
+                for row_k, row_v in zip(idx, vals)
+            ]
         q = probs(logits, self.sampling)  # [batch, frontier, K]
         if self.vocab is not None:  # q over the whole vocabulary, zero outside the draft's: what MSS needs
             full = q.new_zeros(*q.shape[:-1], self.lm_head.weight.shape[0])
@@ -243,8 +260,13 @@ class EagleDrafter(DrafterHooks):
         out = []
         for b, gen in enumerate(generators):
             draws = torch.multinomial(q[b], self.topk, replacement=True, generator=gen).tolist()  # host sync
-            out.append([(i, tok(k), math.log(max(float(q[b, i, k]), 1e-30)), q_full[b, i]) for i, ks in enumerate(draws)
-                        for k in ks])
+            out.append(
+                [
+                    (i, tok(k), math.log(max(float(q[b, i, k]), 1e-30)), q_full[b, i])
+                    for i, ks in enumerate(draws)
+                    for k in ks
+                ]
+            )
         return out
 
     def _tree(self, b: int, root: int, nodes: list[tuple], chain: DraftTree | None = None) -> Proposal:

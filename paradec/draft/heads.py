@@ -18,14 +18,15 @@ from __future__ import annotations
 import torch
 
 from paradec.config import MAX_TREE_NODES
-from paradec.tree.proposal import DraftTree, Proposal, merge
 from paradec.models.heads import Heads
 from paradec.policy import Calibration, TreePolicy
+from paradec.tree.proposal import DraftTree, Proposal, merge
 
 
 class HeadDrafter:
-    def __init__(self, heads: Heads, lm_head: torch.nn.Linear, policy: TreePolicy, max_rank: int = 8,
-                 step_scores: bool = False) -> None:
+    def __init__(
+        self, heads: Heads, lm_head: torch.nn.Linear, policy: TreePolicy, max_rank: int = 8, step_scores: bool = False
+    ) -> None:
         self.heads, self.lm_head, self.policy = heads, lm_head, policy
         self.max_rank = max_rank
         self.hidden: list[torch.Tensor | None] = []

@@ -1,7 +1,8 @@
 """A small speculative model (SSM) that grows an expansion tree <k1..km> on its own KV cache.
 
 Per step and row, the SSM's scratch holds: the pending chain (tokens the target committed that
-the SSM has not cached yet, e.g. accepted leaves, which are never run; its last token is the root), padding up to the batch's longest
+the SSM has not cached yet, e.g. accepted leaves, which are never run; its last token is the root), padding up to
+the batch's longest
 pending chain, then the tree level by level. Level i gives each frontier node k_i children:
 its top-k_i tokens when decoding greedily, k_i i.i.d. draws from the warped q when sampling
 (what multi-step speculative sampling needs to be exact). One SSM forward per level, none
@@ -14,12 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from paradec.config import SamplingConfig
-from paradec.tree.proposal import DraftTree
+from paradec.config import SamplingConfig, expansion_nodes
 from paradec.models import Transformer
 from paradec.sampling import probs
 from paradec.tree import ScratchTree, pass_tensors
-from paradec.config import expansion_nodes
+from paradec.tree.proposal import DraftTree
 
 
 class ModelDrafter:
@@ -149,7 +149,7 @@ class ModelDrafter:
         for i in range(self.roots[row] + 1, self.written):  # only nodes with cached K/V
             kids.setdefault((tree.parents[i], tree.tokens[i]), i)
         path, node = list(range(self.roots[row] + 1)), self.roots[row]
-        for n_have, tok in enumerate(accepted):
+        for n_have, tok in enumerate(accepted):  # noqa: B007 (n_have: where the walk stopped)
             node = kids.get((node, tok), -1)
             if node < 0:
                 break

@@ -15,8 +15,14 @@ from paradec.tree.proposal import DraftTree
 
 
 class NgramDrafter:
-    def __init__(self, max_ngram: int = 3, num_draft: int = 8, branches: int = 1, min_ngram: int = 1,
-                 per_match: int | None = None) -> None:
+    def __init__(
+        self,
+        max_ngram: int = 3,
+        num_draft: int = 8,
+        branches: int = 1,
+        min_ngram: int = 1,
+        per_match: int | None = None,
+    ) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.num_draft, self.branches, self.per_match = num_draft, branches, per_match
 
@@ -33,7 +39,7 @@ class NgramDrafter:
             found: list[list[int]] = []
             length = self.num_draft if self.per_match is None else min(self.num_draft, self.per_match * n)
             for start in hits[::-1]:
-                cont = arr[start + n: start + n + length].tolist()
+                cont = arr[start + n : start + n + length].tolist()
                 if cont and cont not in found:
                     found.append(cont)
                     if len(found) == self.branches:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import random
 
-from paradec.draft.base import DrafterHooks, DraftTree, Proposal, merge
 from paradec.config import expansion_nodes
+from paradec.draft.base import DrafterHooks, DraftTree, Proposal, merge
 
 
 class OracleDrafter(DrafterHooks):
-    def __init__(self, references: list[list[int]], expansion: tuple[int, ...], alpha: float,
-                 vocab_size: int, seed: int = 0) -> None:
+    def __init__(
+        self, references: list[list[int]], expansion: tuple[int, ...], alpha: float, vocab_size: int, seed: int = 0
+    ) -> None:
         self.references = references  # [batch] prompt + greedy continuation of each row
         self.expansion, self.alpha, self.vocab = tuple(expansion), alpha, vocab_size
         self.rng = random.Random(seed)

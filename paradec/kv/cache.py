@@ -21,19 +21,30 @@ rows down, and ``rows(start, n)`` is a view of some rows for a pass over them al
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
 
 class KVCache:
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu", live: int | None = None) -> None:
-        self.keys = torch.zeros((num_layers, batch, kv_heads, head_dim, max_len), dtype=dtype,
-                                device=device)  # [layers, capacity, kv_heads, head_dim, max_len]
-        self.values = torch.zeros((num_layers, batch, kv_heads, max_len, head_dim), dtype=dtype,
-                                  device=device)  # [layers, capacity, kv_heads, max_len, head_dim]
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        live: int | None = None,
+    ) -> None:
+        self.keys = torch.zeros(
+            (num_layers, batch, kv_heads, head_dim, max_len), dtype=dtype, device=device
+        )  # [layers, capacity, kv_heads, head_dim, max_len]
+        self.values = torch.zeros(
+            (num_layers, batch, kv_heads, max_len, head_dim), dtype=dtype, device=device
+        )  # [layers, capacity, kv_heads, max_len, head_dim]
         self.max_len = max_len
         # Committed length per row, kept on the host: every step needs it to build positions and
         # masks, and a device tensor would cost a sync per step.
@@ -63,20 +74,20 @@ class KVCache:
         end, batch = start + n, self.batch
         used = max(self.lengths[end:], default=0)
         if end < batch and used:
-            self.keys[:, start: batch - n, ..., :used] = self.keys[:, end:batch, ..., :used].clone()
-            self.values[:, start: batch - n, :, :used] = self.values[:, end:batch, :, :used].clone()
+            self.keys[:, start : batch - n, ..., :used] = self.keys[:, end:batch, ..., :used].clone()
+            self.values[:, start : batch - n, :, :used] = self.values[:, end:batch, :, :used].clone()
         del self.lengths[start:end], self.scratch[start:end]
 
     @contextmanager
-    def rows(self, start: int, n: int) -> Iterator["KVCache"]:
+    def rows(self, start: int, n: int) -> Iterator[KVCache]:
         """A cache of rows [start, start + n) only, sharing this one's storage, for a pass over
         them alone; their lengths are written back on exit."""
         sub = KVCache.__new__(KVCache)
-        sub.keys, sub.values = self.keys[:, start:start + n], self.values[:, start:start + n]
+        sub.keys, sub.values = self.keys[:, start : start + n], self.values[:, start : start + n]
         sub.max_len = self.max_len
-        sub.lengths, sub.scratch = self.lengths[start:start + n], self.scratch[start:start + n]
+        sub.lengths, sub.scratch = self.lengths[start : start + n], self.scratch[start : start + n]
         yield sub
-        self.lengths[start:start + n], self.scratch[start:start + n] = sub.lengths, sub.scratch
+        self.lengths[start : start + n], self.scratch[start : start + n] = sub.lengths, sub.scratch
 
     def starts(self) -> list[int]:
         """Where the next pass writes, per row: committed length + scratch rows."""
@@ -86,8 +97,9 @@ class KVCache:
         """Number of key slots a pass with ``n_new`` tokens per row attends over."""
         return max(self.starts()) + n_new
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-              slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new rows k, v [batch, kv_heads, n, head_dim] after each row's prefix.
 
         By default they go to the next n scratch slots; ``slots`` [batch, n] (scratch indices)
@@ -111,12 +123,12 @@ class KVCache:
         starts = self.starts()
         first = starts[0]
         if all(start == first for start in starts):
-            ks[..., first:first + n] = k.transpose(-1, -2)
-            vs[:, :, first:first + n] = v
+            ks[..., first : first + n] = k.transpose(-1, -2)
+            vs[:, :, first : first + n] = v
         else:
             for b, start in enumerate(starts):
-                ks[b, ..., start:start + n] = k[b].transpose(-1, -2)
-                vs[b, :, start:start + n] = v[b]
+                ks[b, ..., start : start + n] = k[b].transpose(-1, -2)
+                vs[b, :, start : start + n] = v[b]
         return ks[..., :end], vs[:, :, :end]
 
     def keep_scratch(self, n: int) -> None:

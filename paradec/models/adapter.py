@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from paradec.errors import ParadecError
 
@@ -138,12 +138,19 @@ def read_adapter(adapter_dir: str | Path) -> tuple[AdapterConfig, Path, dict[str
     adapter_dir = Path(adapter_dir)
     try:
         raw = json.loads((adapter_dir / ADAPTER_JSON).read_text())
-        cfg = AdapterConfig(base=raw["base"], rank=int(raw["rank"]), alpha=float(raw["alpha"]),
-                            token_ids=tuple(raw.get("token_ids", ())), targets=tuple(raw.get("targets", TARGETS)),
-                            new_tokens=tuple(raw.get("new_tokens", ())))
+        cfg = AdapterConfig(
+            base=raw["base"],
+            rank=int(raw["rank"]),
+            alpha=float(raw["alpha"]),
+            token_ids=tuple(raw.get("token_ids", ())),
+            targets=tuple(raw.get("targets", TARGETS)),
+            new_tokens=tuple(raw.get("new_tokens", ())),
+        )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ParadecError(f"{adapter_dir / ADAPTER_JSON} is not a valid adapter config ({exc.__class__.__name__}); "
-                           "re-export it with `paradec train aspd`") from None
+        raise ParadecError(
+            f"{adapter_dir / ADAPTER_JSON} is not a valid adapter config ({exc.__class__.__name__}); "
+            "re-export it with `paradec train aspd`"
+        ) from None
     if cfg.base == DEFAULT_BASE:
         from paradec.zoo import default_gguf
 
@@ -151,13 +158,17 @@ def read_adapter(adapter_dir: str | Path) -> tuple[AdapterConfig, Path, dict[str
     else:
         base = (adapter_dir / cfg.base).resolve() if not Path(cfg.base).is_absolute() else Path(cfg.base)
     if not base.exists():
-        raise ParadecError(f"adapter {adapter_dir} needs its base model at {base}, which does not exist; "
-                           "keep the adapter next to its base or edit 'base' in adapter.json")
+        raise ParadecError(
+            f"adapter {adapter_dir} needs its base model at {base}, which does not exist; "
+            "keep the adapter next to its base or edit 'base' in adapter.json"
+        )
     try:
         tensors = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ParadecError(f"cannot read {adapter_dir / ADAPTER_WEIGHTS} ({str(exc).splitlines()[0]}); "
-                           "the adapter is missing or corrupt: re-export it") from None
+        raise ParadecError(
+            f"cannot read {adapter_dir / ADAPTER_WEIGHTS} ({str(exc).splitlines()[0]}); "
+            "the adapter is missing or corrupt: re-export it"
+        ) from None
     return cfg, base, tensors
 
 
@@ -173,27 +184,38 @@ def merge_into(model: nn.Module, cfg: AdapterConfig, tensors: dict[str, torch.Te
         stem = key.removesuffix(".lora_a")
         name, b = f"{stem}.weight", tensors.get(f"{stem}.lora_b")
         if name not in params or b is None:
-            raise ParadecError(f"adapter {where} has {key!r}, which the base model lacks; "
-                               "the adapter was trained for another base model")
+            raise ParadecError(
+                f"adapter {where} has {key!r}, which the base model lacks; "
+                "the adapter was trained for another base model"
+            )
         w = params[name]
         delta = cfg.scale * (b.float() @ a.float())
         if delta.shape != w.shape:
-            raise ParadecError(f"adapter {where}: {key!r} gives shape {tuple(delta.shape)}, base has "
-                               f"{tuple(w.shape)}; the adapter was trained for another base model")
+            raise ParadecError(
+                f"adapter {where}: {key!r} gives shape {tuple(delta.shape)}, base has "
+                f"{tuple(w.shape)}; the adapter was trained for another base model"
+            )
         w.copy_((w.float() + delta.to(w.device)).to(w.dtype))
     if cfg.token_ids:
         rows = tensors["embed.rows"]
         ids = torch.tensor(cfg.token_ids, dtype=torch.long, device=model.embed.weight.device)
         if int(ids.max()) >= model.embed.weight.shape[0] or rows.shape[0] != len(ids):
-            raise ParadecError(f"adapter {where}: its token rows do not fit the base's vocabulary; "
-                               "the adapter was trained for another base model")
+            raise ParadecError(
+                f"adapter {where}: its token rows do not fit the base's vocabulary; "
+                "the adapter was trained for another base model"
+            )
         model.embed.weight.index_add_(0, ids, rows.to(model.embed.weight))
         if "lm_head.rows" in tensors and not model.config.tie_word_embeddings:
             model.lm_head.weight.index_add_(0, ids, tensors["lm_head.rows"].to(model.lm_head.weight))
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:

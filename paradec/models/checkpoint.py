@@ -55,36 +55,47 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
             if not all(isinstance(f, str) and "/" not in f for f in files):
                 raise ValueError
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError):
-            raise ParadecError(f"{index} is malformed (expected {{\"weight_map\": {{tensor: file}}}}); "
-                               "re-save the checkpoint") from None
+            raise ParadecError(
+                f'{index} is malformed (expected {{"weight_map": {{tensor: file}}}}); re-save the checkpoint'
+            ) from None
     elif (model_dir / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
-        hint = " (found PyTorch .bin weights: re-save with safe_serialization=True)" \
-            if list(model_dir.glob("*.bin")) else ""
-        raise ParadecError(f"no model.safetensors (or sharded index) in {model_dir}{hint}; "
-                           "pass a directory with safetensors weights")
+        hint = (
+            " (found PyTorch .bin weights: re-save with safe_serialization=True)"
+            if list(model_dir.glob("*.bin"))
+            else ""
+        )
+        raise ParadecError(
+            f"no model.safetensors (or sharded index) in {model_dir}{hint}; pass a directory with safetensors weights"
+        )
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
         if (model_dir / name).is_file() and not os.access(model_dir / name, os.R_OK):  # not "No such file"
-            raise ParadecError(f"cannot read weights {model_dir / name} (permission denied); make the file "
-                               "readable for this user")
+            raise ParadecError(
+                f"cannot read weights {model_dir / name} (permission denied); make the file readable for this user"
+            )
         try:
             tensors.update(load_file(str(model_dir / name)))
         except (SafetensorError, OSError, ValueError) as exc:
-            raise ParadecError(f"cannot read weights {model_dir / name} ({str(exc).splitlines()[0]}); "
-                               "the file is corrupt or truncated: re-download or re-save it") from None
+            raise ParadecError(
+                f"cannot read weights {model_dir / name} ({str(exc).splitlines()[0]}); "
+                "the file is corrupt or truncated: re-download or re-save it"
+            ) from None
     return tensors
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
-               device: str | torch.device = "cpu") -> Transformer:
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+) -> Transformer:
     """Build our Transformer from a local HF directory (config.json + safetensors) or a GGUF
     file (converted once and cached, ``paradec.models.gguf``)."""
     model_dir = resolve_model(model_dir)
     if not model_dir.is_dir():
-        raise ParadecError(f"model directory {str(model_dir)!r} does not exist; pass model=PATH "
-                           "to a Hugging Face-format directory (config.json + *.safetensors)")
+        raise ParadecError(
+            f"model directory {str(model_dir)!r} does not exist; pass model=PATH "
+            "to a Hugging Face-format directory (config.json + *.safetensors)"
+        )
     if is_adapter(model_dir):  # base + LoRA merged in fp32, then cast
         acfg, base, tensors = read_adapter(model_dir)
         model = load_model(base, torch.float32, "cpu")
@@ -106,13 +117,17 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
             missing = [] if "model.embed_tokens.weight" in tensors else missing
             theirs = ("model.embed_tokens.weight",)
         if missing:
-            raise ParadecError(f"weights in {model_dir} lack {missing[0]!r}; the checkpoint is incomplete "
-                               "or not a Llama/Qwen2/Mistral model")
+            raise ParadecError(
+                f"weights in {model_dir} lack {missing[0]!r}; the checkpoint is incomplete "
+                "or not a Llama/Qwen2/Mistral model"
+            )
         parts = [tensors[t] for t in theirs]
         tensor = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
         if tuple(tensor.shape) != tuple(expected[ours].shape):
-            raise ParadecError(f"weight {theirs[0]!r} has shape {tuple(tensor.shape)}, config.json implies "
-                               f"{tuple(expected[ours].shape)}; config and weights do not match")
+            raise ParadecError(
+                f"weight {theirs[0]!r} has shape {tuple(tensor.shape)}, config.json implies "
+                f"{tuple(expected[ours].shape)}; config and weights do not match"
+            )
         state[ours] = tensor.to(dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.inv_freq = rope_inv_freq(cfg)  # buffers built on the meta device hold no data
@@ -123,18 +138,28 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
 
 def hf_config_dict(cfg: ModelConfig) -> dict:
     """config.json content for ``cfg`` (transformers-loadable)."""
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                  "MistralForCausalLM": "mistral"}[cfg.architecture]
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}[
+        cfg.architecture
+    ]
     out = {
-        "architectures": [cfg.architecture], "model_type": model_type,
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim, "hidden_act": "silu", "rope_theta": cfg.rope_theta,
-        "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position_embeddings,
-        "tie_word_embeddings": cfg.tie_word_embeddings, "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": list(cfg.eos_token_ids) if len(cfg.eos_token_ids) > 1 else
-        (cfg.eos_token_ids[0] if cfg.eos_token_ids else None),
+        "architectures": [cfg.architecture],
+        "model_type": model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": list(cfg.eos_token_ids)
+        if len(cfg.eos_token_ids) > 1
+        else (cfg.eos_token_ids[0] if cfg.eos_token_ids else None),
         "torch_dtype": "bfloat16",
     }
     if model_type == "llama":
@@ -152,8 +177,10 @@ def save_model(model: Transformer, out_dir: str | Path, dtype: torch.dtype = tor
     cfg = model.config
     params = dict(model.state_dict())
     tensors: dict[str, torch.Tensor] = {}
-    splits = {"wqkv": [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2,
-              "w_gate_up": [cfg.intermediate_size] * 2}
+    splits = {
+        "wqkv": [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2,
+        "w_gate_up": [cfg.intermediate_size] * 2,
+    }
     for ours, theirs in _expand(cfg).items():
         if ours not in params or (ours == "lm_head.weight" and cfg.tie_word_embeddings):
             continue

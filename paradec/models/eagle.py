@@ -71,8 +71,15 @@ class EagleHead(nn.Module):
             w = lm_head.weight
         return w if self.vocab is None else w[self.vocab.to(w.device)]
 
-    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, embed: nn.Embedding,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        feats: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        embed: nn.Embedding,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """feats [b, n, hidden] (f_t), tokens [b, n] (x_{t+1}), positions [b, n], mask
         [b, 1, n, span] | None (None without a cache: causal) -> predicted features [b, n, hidden]."""
         x = self.fc(torch.cat([embed(tokens).to(feats.dtype), feats], -1))
@@ -88,11 +95,19 @@ class EagleHead(nn.Module):
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out_dir / (EAGLE_WEIGHTS + ".tmp")
-        save_file({k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
-                   for k, v in self.state_dict().items()}, str(tmp))
+        save_file(
+            {
+                k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+                for k, v in self.state_dict().items()
+            },
+            str(tmp),
+        )
         tmp.replace(out_dir / EAGLE_WEIGHTS)
-        meta = {**meta, "target": asdict(self.config) | {"num_layers": None},
-                "draft_vocab": None if self.vocab is None else len(self.vocab)}
+        meta = {
+            **meta,
+            "target": asdict(self.config) | {"num_layers": None},
+            "draft_vocab": None if self.vocab is None else len(self.vocab),
+        }
         (out_dir / (EAGLE_JSON + ".tmp")).write_text(json.dumps(meta, indent=2, default=list) + "\n")
         (out_dir / (EAGLE_JSON + ".tmp")).replace(out_dir / EAGLE_JSON)
 
@@ -105,8 +120,9 @@ def load_eagle(path: str | Path, target: ModelConfig, dtype: torch.dtype, device
     try:
         tensors = load_file(str(path / EAGLE_WEIGHTS))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ParadecError(f"cannot read {path / EAGLE_WEIGHTS} ({str(exc).splitlines()[0]}); retrain or re-copy "
-                           "the head") from None
+        raise ParadecError(
+            f"cannot read {path / EAGLE_WEIGHTS} ({str(exc).splitlines()[0]}); retrain or re-copy the head"
+        ) from None
     try:
         meta = json.loads((path / EAGLE_JSON).read_text())
     except ValueError:
@@ -115,10 +131,14 @@ def load_eagle(path: str | Path, target: ModelConfig, dtype: torch.dtype, device
     want = {k: tuple(v.shape) for k, v in head.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in tensors.items()}
     if want != got:
-        raise ParadecError(f"the EAGLE head at {path} was trained for another model (its shapes differ from this "
-                           "model's); pass the head trained for this model")
+        raise ParadecError(
+            f"the EAGLE head at {path} was trained for another model (its shapes differ from this "
+            "model's); pass the head trained for this model"
+        )
     head.load_state_dict(tensors)
     if head.vocab is not None and int(head.vocab.max()) >= target.vocab_size:
-        raise ParadecError(f"the EAGLE head at {path} drafts tokens this model lacks (its draft vocabulary was built "
-                           "for another tokenizer); pass the head trained for this model")
+        raise ParadecError(
+            f"the EAGLE head at {path} drafts tokens this model lacks (its draft vocabulary was built "
+            "for another tokenizer); pass the head trained for this model"
+        )
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -78,8 +78,9 @@ def resolve_model(path: str | Path) -> Path:
     if not is_gguf(path):
         return path
     if not path.is_file():
-        raise ParadecError(f"GGUF file {str(path)!r} does not exist; pass model=PATH to a .gguf file "
-                           "or a Hugging Face model directory")
+        raise ParadecError(
+            f"GGUF file {str(path)!r} does not exist; pass model=PATH to a .gguf file or a Hugging Face model directory"
+        )
     out = paradec_home() / "models" / f"{file_digest(path)}-v{CONVERTER_VERSION}"
     if not (out / MARKER).is_file():
         convert_gguf(path, out)
@@ -102,9 +103,11 @@ def _reader(path: Path):
     try:
         return gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError, IndexError, struct errors ... on bad bytes
-        raise ParadecError(f"cannot read GGUF file {path} ({exc.__class__.__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else 'corrupt'}); the file is corrupt or "
-                           "truncated: download it again") from None
+        raise ParadecError(
+            f"cannot read GGUF file {path} ({exc.__class__.__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'corrupt'}); the file is corrupt or "
+            "truncated: download it again"
+        ) from None
 
 
 def _field(reader, key: str, default=None):
@@ -124,8 +127,7 @@ def hf_config(meta: dict, n_tokens: int, has_output: bool) -> dict:
     """config.json for the metadata of a llama / mistral / qwen2 GGUF file."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
-        raise ParadecError(f"unsupported GGUF architecture {arch!r}; paradec converts "
-                           f"{', '.join(ARCHITECTURES)} files")
+        raise ParadecError(f"unsupported GGUF architecture {arch!r}; paradec converts {', '.join(ARCHITECTURES)} files")
     hf_arch = ARCHITECTURES[arch]
     name = f"{meta.get('general.name', '')} {meta.get('general.basename', '')}".lower()
     if arch == "llama" and "mistral" in name:
@@ -138,21 +140,27 @@ def hf_config(meta: dict, n_tokens: int, has_output: bool) -> dict:
         return value
 
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count")
-                   or hidden // heads)
+    head_dim = int(
+        meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count") or hidden // heads
+    )
     eos = meta.get("tokenizer.ggml.eos_token_id")
     out = {
-        "architectures": [hf_arch], "model_type": {v: k for k, v in ARCHITECTURES.items()}[hf_arch],
+        "architectures": [hf_arch],
+        "model_type": {v: k for k, v in ARCHITECTURES.items()}[hf_arch],
         "vocab_size": int(meta.get(f"{arch}.vocab_size") or n_tokens),
-        "hidden_size": hidden, "intermediate_size": int(key("feed_forward_length")),
-        "num_hidden_layers": int(key("block_count")), "num_attention_heads": heads,
+        "hidden_size": hidden,
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": heads,
         "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv") or heads),
-        "head_dim": head_dim, "hidden_act": "silu",
+        "head_dim": head_dim,
+        "hidden_act": "silu",
         "rope_theta": float(meta.get(f"{arch}.rope.freq_base") or 10000.0),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
         "max_position_embeddings": int(key("context_length")),
         "tie_word_embeddings": not has_output,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": eos,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": eos,
         "torch_dtype": "float32",
     }
     if hf_arch == "Qwen2ForCausalLM":
@@ -162,8 +170,10 @@ def hf_config(meta: dict, n_tokens: int, has_output: bool) -> dict:
     scaling = meta.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":
-            raise ParadecError(f"GGUF rope scaling {scaling!r} is not supported; paradec converts files without "
-                               "rope scaling or with linear scaling")
+            raise ParadecError(
+                f"GGUF rope scaling {scaling!r} is not supported; paradec converts files without "
+                "rope scaling or with linear scaling"
+            )
         out["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     return out
 
@@ -179,8 +189,11 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def tensor_names(num_layers: int) -> dict[str, str]:
     """GGUF tensor name -> HF name, for every layer."""
-    return {ours.format(i=i): theirs.format(i=i) for ours, theirs in TENSOR_NAMES.items()
-            for i in (range(num_layers) if "{i}" in ours else [None])}
+    return {
+        ours.format(i=i): theirs.format(i=i)
+        for ours, theirs in TENSOR_NAMES.items()
+        for i in (range(num_layers) if "{i}" in ours else [None])
+    }
 
 
 def hf_tensors(reader, cfg: dict) -> dict[str, torch.Tensor]:
@@ -193,21 +206,29 @@ def hf_tensors(reader, cfg: dict) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         if t.name not in names:
-            raise ParadecError(f"GGUF tensor {t.name!r} has no place in a {arch} model; paradec converts plain "
-                               f"{', '.join(ARCHITECTURES)} files")
+            raise ParadecError(
+                f"GGUF tensor {t.name!r} has no place in a {arch} model; paradec converts plain "
+                f"{', '.join(ARCHITECTURES)} files"
+            )
         qtype = t.tensor_type.name
         if qtype not in QUANT_TYPES:
-            raise ParadecError(f"GGUF tensor {t.name!r} is {qtype}, which paradec does not dequantize; supported: "
-                               f"{', '.join(QUANT_TYPES)} (re-quantize the file with llama-quantize)")
+            raise ParadecError(
+                f"GGUF tensor {t.name!r} is {qtype}, which paradec does not dequantize; supported: "
+                f"{', '.join(QUANT_TYPES)} (re-quantize the file with llama-quantize)"
+            )
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         except Exception as exc:
-            raise ParadecError(f"cannot dequantize GGUF tensor {t.name!r} ({exc.__class__.__name__}); the file is "
-                               "corrupt or truncated: download it again") from None
+            raise ParadecError(
+                f"cannot dequantize GGUF tensor {t.name!r} ({exc.__class__.__name__}); the file is "
+                "corrupt or truncated: download it again"
+            ) from None
         w = w.reshape([int(n) for n in reversed(t.shape)])
         if gguf_arch in PERMUTED and (".attn_q." in t.name or ".attn_k." in t.name):
             w = unpermute(w, cfg["num_attention_heads"] if ".attn_q." in t.name else cfg["num_key_value_heads"])
-        out[names[t.name]] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a copy: the reader's arrays are read-only maps
+        out[names[t.name]] = torch.from_numpy(
+            np.array(w, dtype=np.float32, order="C")
+        )  # a copy: the reader's arrays are read-only maps
     if "model.embed_tokens.weight" not in out:
         raise ParadecError("GGUF file has no token_embd.weight; the file is incomplete: download it again")
     return out
@@ -223,8 +244,10 @@ def save_tokenizer(path: Path, meta: dict, out_dir: Path) -> None:
     try:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     except Exception as exc:
-        raise ParadecError(f"cannot build a tokenizer from the GGUF metadata of {path} ({exc.__class__.__name__}); "
-                           "the file lacks tokenizer.ggml.* keys or uses an unsupported tokenizer model") from None
+        raise ParadecError(
+            f"cannot build a tokenizer from the GGUF metadata of {path} ({exc.__class__.__name__}); "
+            "the file lacks tokenizer.ggml.* keys or uses an unsupported tokenizer model"
+        ) from None
     if meta.get("tokenizer.ggml.pre") in DIGIT_SPLIT_PRE:
         from tokenizers import pre_tokenizers
 
@@ -260,9 +283,13 @@ def convert_gguf(path: str | Path, out_dir: str | Path) -> Path:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-        info = {"source": path.name, "converter_version": CONVERTER_VERSION,
-                "quant_types": sorted({t.tensor_type.name for t in reader.tensors}),
-                "architecture": meta.get("general.architecture"), "name": meta.get("general.name")}
+        info = {
+            "source": path.name,
+            "converter_version": CONVERTER_VERSION,
+            "quant_types": sorted({t.tensor_type.name for t in reader.tensors}),
+            "architecture": meta.get("general.architecture"),
+            "name": meta.get("general.name"),
+        }
         (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -77,14 +77,20 @@ def save_heads(heads: Heads, out_dir: str | Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {f"medusa.{k}": v.detach().to(torch.bfloat16).contiguous() for k, v in heads.medusa.state_dict().items()}
     if heads.early is not None:
-        tensors.update({f"early.{k}": v.detach().to(torch.bfloat16).contiguous()
-                        for k, v in heads.early.state_dict().items()})
+        tensors.update(
+            {f"early.{k}": v.detach().to(torch.bfloat16).contiguous() for k, v in heads.early.state_dict().items()}
+        )
     tmp = out_dir / "heads.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(out_dir / "heads.safetensors")
     hidden = heads.medusa.blocks[0].linear.in_features
-    meta = {"hidden_size": hidden, "num_heads": len(heads.medusa.blocks), "early_layer": heads.early_layer,
-            "has_early_head": heads.early is not None, **heads.meta}
+    meta = {
+        "hidden_size": hidden,
+        "num_heads": len(heads.medusa.blocks),
+        "early_layer": heads.early_layer,
+        "has_early_head": heads.early is not None,
+        **heads.meta,
+    }
     (out_dir / "heads.json.tmp").write_text(json.dumps(meta, indent=2) + "\n")
     (out_dir / "heads.json.tmp").replace(out_dir / "heads.json")
 
@@ -92,33 +98,44 @@ def save_heads(heads: Heads, out_dir: str | Path) -> None:
 def load_heads(path: str | Path, hidden: int, eps: float, dtype: torch.dtype, device) -> Heads:
     path = Path(path)
     if not (path / "heads.json").is_file() or not (path / "heads.safetensors").is_file():
-        raise ParadecError(f"no heads.json + heads.safetensors in {path}; pass heads=PATH written by "
-                           "`paradec train heads`")
+        raise ParadecError(
+            f"no heads.json + heads.safetensors in {path}; pass heads=PATH written by `paradec train heads`"
+        )
     try:
         meta = json.loads((path / "heads.json").read_text())
         if not isinstance(meta, dict):
             raise ValueError
         num_heads = int(meta["num_heads"])
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
-        raise ParadecError(f"{path / 'heads.json'} is malformed (an object with num_heads, hidden_size, ...); "
-                           "retrain with `paradec train heads`") from None
+        raise ParadecError(
+            f"{path / 'heads.json'} is malformed (an object with num_heads, hidden_size, ...); "
+            "retrain with `paradec train heads`"
+        ) from None
     if meta.get("hidden_size") != hidden:
-        raise ParadecError(f"heads in {path} were trained for hidden size {meta.get('hidden_size')}, the target "
-                           f"has {hidden}; train heads for this target")
+        raise ParadecError(
+            f"heads in {path} were trained for hidden size {meta.get('hidden_size')}, the target "
+            f"has {hidden}; train heads for this target"
+        )
     try:
         tensors = load_file(str(path / "heads.safetensors"))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ParadecError(f"cannot read {path / 'heads.safetensors'} ({str(exc).splitlines()[0]}); the file is "
-                           "corrupt: retrain with `paradec train heads`") from None
+        raise ParadecError(
+            f"cannot read {path / 'heads.safetensors'} ({str(exc).splitlines()[0]}); the file is "
+            "corrupt: retrain with `paradec train heads`"
+        ) from None
+
     def loaded(module: nn.Module, prefix: str, problem: str) -> nn.Module:
         try:
-            module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+            module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
         except RuntimeError:
             raise ParadecError(f"{problem} in {path}; retrain with `paradec train heads`") from None
         return module.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
-    medusa = loaded(MedusaHeads(hidden, num_heads), "medusa.",
-                    f"heads.json says {num_heads} heads but heads.safetensors holds other weights")
+    medusa = loaded(
+        MedusaHeads(hidden, num_heads),
+        "medusa.",
+        f"heads.json says {num_heads} heads but heads.safetensors holds other weights",
+    )
     early = None
     if meta.get("has_early_head"):
         early = loaded(EarlyHead(hidden, eps), "early.", "heads.safetensors has no usable early head")

@@ -51,7 +51,9 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return inv.float()
 
 
-def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [batch, n] -> cos, sin [batch, n, 1, head_dim]; sin's first half negated,
     so that x * cos + roll(x, head_dim / 2) * sin is x rotated (HF's rotate_half form)."""
     angles = positions[..., None].float() * inv_freq  # [batch, n, head_dim // 2]
@@ -83,9 +85,16 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.exact = True  # shape-invariant numerics for cached passes (``Transformer.set_exact``)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None, cache: KVCache | None, slots: torch.Tensor | None = None,
-                prefill: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        slots: torch.Tensor | None = None,
+        prefill: bool = False,
+    ) -> torch.Tensor:
         # x: [batch, n, hidden]; cos/sin: [batch, n, 1, head_dim]; mask: [batch, 1, n, span] bool (or its
         # attention_bias on a cached pass that is not a prefill);
         # slots: [batch, n] scratch slot of each token (None: the next n)
@@ -96,7 +105,7 @@ class Attention(nn.Module):
         # rotate_half(x) * sin == roll(x, half) * (sin with its first half negated): one op, same bits
         qk = (qk * cos + qk.roll(self.head_dim // 2, -1) * sin).transpose(1, 2)  # [batch, heads + kv, n, head_dim]
         q, k = qk[:, :heads], qk[:, heads:]
-        v = qkv[:, :, heads + kv:].transpose(1, 2)  # [batch, kv_heads, n, head_dim]
+        v = qkv[:, :, heads + kv :].transpose(1, 2)  # [batch, kv_heads, n, head_dim]
         if cache is not None:
             # k_t [batch, kv_heads, head_dim, span] (the cache's transposed keys); v [batch, kv_heads, span, head_dim]
             k_t, v = cache.write(self.layer, k, v, slots)
@@ -110,8 +119,9 @@ class Attention(nn.Module):
                 rep = self.n_heads // self.n_kv
                 k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
                 gqa = False
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and cache is None,
-                                                 enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None and cache is None, enable_gqa=gqa
+            )
         return linear(self.wo, out.transpose(1, 2).reshape(b, n, -1), self.exact)
 
 
@@ -156,8 +166,9 @@ def cached_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: 
     return out.view(b, h, n, d).to(q.dtype)
 
 
-def fast_cached_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor,
-                          mask: torch.Tensor | None) -> torch.Tensor:
+def fast_cached_attention(
+    q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """``cached_attention`` in plain fp32 (``exact=False``): cheaper at long spans, but its
     rounding depends on the pass's shape, so bf16 verification may leave `ar` at a near tie."""
     b, h, n, d = q.shape
@@ -231,9 +242,17 @@ class Transformer(nn.Module):
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.inv_freq, positions, dtype)
 
-    def hidden(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-               cache: KVCache | None, start: int = 0, stop: int | None = None,
-               slots: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
+    def hidden(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        start: int = 0,
+        stop: int | None = None,
+        slots: torch.Tensor | None = None,
+        prefill: bool = False,
+    ) -> torch.Tensor:
         """Run layers [start, stop) on x: token ids [batch, n] when start == 0, else hidden
         states [batch, n, hidden]. Returns hidden states [batch, n, hidden] (not normed).
         ``slots`` [batch, n]: the scratch slot of each token's K/V (default: the next n).
@@ -260,8 +279,14 @@ class Transformer(nn.Module):
         hn = self.norm(h)
         return linear(self.lm_head, hn, self.exact), hn
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None, prefill: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        prefill: bool = False,
+    ) -> torch.Tensor:
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
         return self.logits(self.hidden(tokens, positions, mask, cache, prefill=prefill))

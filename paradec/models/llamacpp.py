@@ -32,17 +32,26 @@ import ctypes
 import json
 import time
 import weakref
-from dataclasses import asdict
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 
 from paradec.config import ModelConfig
-from paradec.cpu import (BUSY_CORES, CONTEXT, PROFILE_VERSION, WIDTHS, PassCost, _busy_seconds, _monotone,
-                         _write_json, cpu_info)
+from paradec.cpu import (
+    BUSY_CORES,
+    CONTEXT,
+    PROFILE_VERSION,
+    WIDTHS,
+    PassCost,
+    _busy_seconds,
+    _monotone,
+    _write_json,
+    cpu_info,
+)
 from paradec.errors import ParadecError
 from paradec.models.gguf import file_digest
 from paradec.tree import TokenTree
@@ -86,16 +95,19 @@ class LlamaCppModel:
         self.lib, self.config, self.threads, self.path = lib, config, threads, Path(gguf)
         self.handle = lib.llama_model_load_from_file(str(gguf).encode(), lib.llama_model_default_params())
         if not self.handle:
-            raise ParadecError(f"llama.cpp could not load {gguf}; check that it is a GGUF file this "
-                               "llama-cpp-python supports, or use backend=torch")
+            raise ParadecError(
+                f"llama.cpp could not load {gguf}; check that it is a GGUF file this "
+                "llama-cpp-python supports, or use backend=torch"
+            )
         vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.handle))
         if vocab != config.vocab_size:
-            raise ParadecError(f"llama.cpp reads a vocabulary of {vocab} in {gguf}, paradec {config.vocab_size}; "
-                               "use backend=torch")
+            raise ParadecError(
+                f"llama.cpp reads a vocabulary of {vocab} in {gguf}, paradec {config.vocab_size}; use backend=torch"
+            )
         self._idle: list[_Context] = []  # contexts of finished caches, reused (creating one costs 15-400 ms)
         weakref.finalize(self, lib.llama_model_free, self.handle)
 
-    def new_cache(self, capacity: int, max_len: int, live: int | None = None) -> "LlamaCppCache":
+    def new_cache(self, capacity: int, max_len: int, live: int | None = None) -> LlamaCppCache:
         per_row = -(-max_len // 256) * 256  # whole pages of llama.cpp's KV cells
         ctx = next((c for c in self._idle if c.capacity == capacity and c.per_row >= max_len), None)
         if ctx is not None:
@@ -107,20 +119,20 @@ class LlamaCppModel:
         weakref.finalize(cache, self._idle.append, ctx)
         return cache
 
-    def prefill(self, prompts: list[list[int]], cache: "LlamaCppCache") -> None:
+    def prefill(self, prompts: list[list[int]], cache: LlamaCppCache) -> None:
         """Every token of each row's prompt but the last (the first root) into its sequence."""
         for b, p in enumerate(prompts):
             self.append(b, p[:-1], cache)
 
-    def append(self, row: int, tokens: list[int], cache: "LlamaCppCache") -> None:
+    def append(self, row: int, tokens: list[int], cache: LlamaCppCache) -> None:
         """``tokens`` into ``row``'s sequence after what it holds, committed."""
         at, seq = cache.lengths[row], cache.seqs[row]
         items = [(t, at + i, seq, False) for i, t in enumerate(tokens)]
         for start in range(0, len(items), BATCH):
-            cache.ctx.decode(items[start: start + BATCH])
+            cache.ctx.decode(items[start : start + BATCH])
         cache.lengths[row] += len(tokens)
 
-    def verify(self, trees: list, cache: "LlamaCppCache") -> torch.Tensor:
+    def verify(self, trees: list, cache: LlamaCppCache) -> torch.Tensor:
         """One pass over each row's chain (root first) -> logits [batch, width, vocab] float32
         (a shorter chain's rows past its end are zeros). A chain's logits are not its single-token
         ones here (module docstring): the methods that draft do not run on this backend."""
@@ -130,16 +142,22 @@ class LlamaCppModel:
         for b, s in enumerate(cache.scratch):
             if s:  # a row that is done stays in its group's passes uncommitted: write over its last pass
                 cache.drop_scratch(b)
-        items = [(tok, cache.lengths[b] + d, cache.seqs[b], True) for b, t in enumerate(trees)
-                 for d, tok in enumerate(t.tokens)]
+        items = [
+            (tok, cache.lengths[b] + d, cache.seqs[b], True)
+            for b, t in enumerate(trees)
+            for d, tok in enumerate(t.tokens)
+        ]
         if len(items) > BATCH:
             raise ParadecError(f"a pass of {len(items)} tokens is over the llamacpp backend's batch of {BATCH}")
         flat = cache.ctx.decode(items)  # [tokens, vocab]
-        out = torch.zeros(len(trees), width, self.config.vocab_size) if any(len(t) < width for t in trees) \
+        out = (
+            torch.zeros(len(trees), width, self.config.vocab_size)
+            if any(len(t) < width for t in trees)
             else torch.empty(len(trees), width, self.config.vocab_size)
+        )
         at = 0
         for b, t in enumerate(trees):
-            out[b, : len(t)] = flat[at: at + len(t)]
+            out[b, : len(t)] = flat[at : at + len(t)]
             at += len(t)
         for b, t in enumerate(trees):
             cache.scratch[b] = len(t)
@@ -159,8 +177,10 @@ class _Context:
         self.lib, self.capacity, self.per_row, self.vocab = lib, capacity, per_row, model.config.vocab_size
         self.handle = lib.llama_init_from_model(model.handle, params)
         if not self.handle:
-            raise ParadecError(f"llama.cpp could not make a context of {capacity} x {per_row} tokens "
-                               "(out of memory?); serve fewer rows or a shorter context")
+            raise ParadecError(
+                f"llama.cpp could not make a context of {capacity} x {per_row} tokens "
+                "(out of memory?); serve fewer rows or a shorter context"
+            )
         self.memory = lib.llama_get_memory(self.handle)
         self.batch = lib.llama_batch_init(BATCH, 0, 1)
         weakref.finalize(self, _free, lib, self.handle, self.batch)
@@ -219,19 +239,19 @@ class LlamaCppCache:
         return first
 
     def remove_rows(self, start: int, n: int) -> None:
-        for seq in self.seqs[start: start + n]:
+        for seq in self.seqs[start : start + n]:
             self.ctx.lib.llama_memory_seq_rm(self.ctx.memory, seq, -1, -1)
-        del self.seqs[start: start + n], self.lengths[start: start + n], self.scratch[start: start + n]
+        del self.seqs[start : start + n], self.lengths[start : start + n], self.scratch[start : start + n]
 
     @contextmanager
-    def rows(self, start: int, n: int) -> Iterator["LlamaCppCache"]:
+    def rows(self, start: int, n: int) -> Iterator[LlamaCppCache]:
         """Rows [start, start + n) alone (a prefill); their lengths are written back on exit."""
         sub = LlamaCppCache.__new__(LlamaCppCache)
         sub.ctx, sub.max_len = self.ctx, self.max_len
-        sub.seqs = self.seqs[start: start + n]
-        sub.lengths, sub.scratch = self.lengths[start: start + n], self.scratch[start: start + n]
+        sub.seqs = self.seqs[start : start + n]
+        sub.lengths, sub.scratch = self.lengths[start : start + n], self.scratch[start : start + n]
         yield sub
-        self.lengths[start: start + n], self.scratch[start: start + n] = sub.lengths, sub.scratch
+        self.lengths[start : start + n], self.scratch[start : start + n] = sub.lengths, sub.scratch
 
     def commit(self, row: int, nodes: list[int]) -> None:
         """Keep the first ``len(nodes)`` cells the last pass wrote for ``row`` (a chain's
@@ -255,8 +275,9 @@ class LlamaCppCache:
         self.drop_scratch(row)
 
 
-def llamacpp_cost(model: LlamaCppModel, home: Path, remeasure: bool = False, widths: tuple[int, ...] = WIDTHS,
-                  reps: int = 3) -> tuple[PassCost, Path, bool]:
+def llamacpp_cost(
+    model: LlamaCppModel, home: Path, remeasure: bool = False, widths: tuple[int, ...] = WIDTHS, reps: int = 3
+) -> tuple[PassCost, Path, bool]:
     """The pass-cost curve of ``model`` on this CPU (the whole model:
     a chain of each width over a prefix of CONTEXT tokens), cached per CPU signature and GGUF
     file like ``cpu.profile``. -> (curve, cache file, measured under load: then not cached)."""
@@ -280,9 +301,12 @@ def llamacpp_cost(model: LlamaCppModel, home: Path, remeasure: bool = False, wid
             cache.drop_scratch(0)
     others = 0.0
     if busy is not None:
-        others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine)) / max(1e-9, time.perf_counter() - wall)
+        others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine)) / max(
+            1e-9, time.perf_counter() - wall
+        )
     cost = PassCost("llamacpp", tuple(widths), tuple(_monotone([best[w] for w in widths])))
     if others <= BUSY_CORES:
-        _write_json(path, {"cpu": asdict(cpu), "gguf": model.path.name, "widths": list(widths),
-                           "seconds": list(cost.seconds)})
+        _write_json(
+            path, {"cpu": asdict(cpu), "gguf": model.path.name, "widths": list(widths), "seconds": list(cost.seconds)}
+        )
     return cost, path, others > BUSY_CORES

@@ -34,7 +34,7 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @classmethod
-    def from_linear(cls, layer: nn.Linear) -> "Int8Linear":
+    def from_linear(cls, layer: nn.Linear) -> Int8Linear:
         w = layer.weight.detach().float()
         scale = (w.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
@@ -54,8 +54,14 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """x [..., in] -> [..., out] with 4-bit weights in groups of ``INT4_GROUP`` along ``in``."""
 
-    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
-                 in_features: int, out_features: int) -> None:
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        scales_zeros: torch.Tensor,
+        bias: torch.Tensor | None,
+        in_features: int,
+        out_features: int,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("packed", packed)  # the kernel's packed layout of q [out, in] (uint8)
@@ -79,15 +85,14 @@ class Int4Linear(nn.Module):
         gaps = g.sort(-1).values.diff(dim=-1)  # [out, groups, group - 1]
         step = torch.where(gaps > (hi - lo)[..., None] * 1e-5, gaps, torch.inf).amin(-1)
         levels = (g - lo[..., None]) / step[..., None]
-        on_grid = (step.isfinite() & ((levels - levels.round()).abs() <= 1e-3).all(-1)
-                   & (levels.round().amax(-1) <= 15))
+        on_grid = step.isfinite() & ((levels - levels.round()).abs() <= 1e-3).all(-1) & (levels.round().amax(-1) <= 15)
         scale = torch.where(on_grid, step, scale)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = ((g - lo[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.int32)
         return q.reshape(out, inp), scale, lo + 8 * scale
 
     @classmethod
-    def from_linear(cls, layer: nn.Linear) -> "Int4Linear":
+    def from_linear(cls, layer: nn.Linear) -> Int4Linear:
         q, scale, zero = cls.quantize(layer.weight.detach())
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # bf16 is the kernel's storage (a model in fp32 takes the same bf16-rounded values in fp32)
@@ -132,6 +137,8 @@ def quantize_linears(model: nn.Module, quant: str, head: str | None = None) -> d
                 kind = "int8"
             if kind == "none":
                 continue
-            setattr(module, child_name, Int4Linear.from_linear(child) if kind == "int4" else Int8Linear.from_linear(child))
+            setattr(
+                module, child_name, Int4Linear.from_linear(child) if kind == "int4" else Int8Linear.from_linear(child)
+            )
             formats[full] = kind
     return formats

@@ -51,8 +51,16 @@ class _Item:
 class _RowDecoder:
     """One prompt's state machine: serial mode under the grammar, parallel mode on <|para|>."""
 
-    def __init__(self, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
-                 vocab: int, max_branch_tokens: int, title_retries: int = 3) -> None:
+    def __init__(
+        self,
+        sp: Specials,
+        prompt: list[int],
+        max_new_tokens: int,
+        eos: frozenset,
+        vocab: int,
+        max_branch_tokens: int,
+        title_retries: int = 3,
+    ) -> None:
         self.sp, self.eos, self.vocab = sp, eos, vocab
         self.max_new, self.max_branch, self.title_retries = max_new_tokens, max_branch_tokens, title_retries
         self.history = list(prompt)  # flattened sequence: prompt + everything generated
@@ -80,8 +88,15 @@ class _RowDecoder:
         for i in self._todo():
             slot = length + len(items)
             self.branch_slots[i].append(slot)
-            items.append(_Item(self.branch_tokens[i][self.fed[i]], self.para_slot + 1 + self.fed[i],
-                               self.para_slot + 1, list(self.branch_slots[i]), i))
+            items.append(
+                _Item(
+                    self.branch_tokens[i][self.fed[i]],
+                    self.para_slot + 1 + self.fed[i],
+                    self.para_slot + 1,
+                    list(self.branch_slots[i]),
+                    i,
+                )
+            )
             self.fed[i] += 1
         self.fed_items = items
         return items
@@ -159,13 +174,13 @@ class _RowDecoder:
             budget_left = self.max_new - len(self.new)  # serial: merged branches are in `new`
             allowed = serial_mask(sp, self.history, self.just_merged, self.vocab, budget_left)
             # bans live only while one title is decoded again (cleared at its end or at <|para|>)
-            if self.title_bans and self.history[_last_index(self.history, sp.title) + 1:] == self.ban_after:
+            if self.title_bans and self.history[_last_index(self.history, sp.title) + 1 :] == self.ban_after:
                 allowed[list(self.title_bans)] = False
             tok = int(logits[-1].float().masked_fill(~allowed.to(logits.device), float("-inf")).argmax())
             self.just_merged = False
             if tok == sp.end_title:
                 start = _last_index(self.history, sp.title)
-                title = self.history[start + 1:]
+                title = self.history[start + 1 :]
                 if sp.core(title) in [sp.core(t) for t in _titles(self.history, sp)]:
                     # Titles are unique, numbers aside ("4. Reviews" repeats "3. Reviews"). A repeat
                     # is rolled back (history and cache); the title is decoded again with the
@@ -178,7 +193,7 @@ class _RowDecoder:
                     keep = start + 1 if retry else start  # keep "<|title|>" to decode it again
                     cut = len(self.history) - keep
                     del self.history[keep:]
-                    del self.new[len(self.new) - cut:]
+                    del self.new[len(self.new) - cut :]
                     self.truncate_to = start  # the caller truncates this row's cache
                     if retry:
                         self.root = sp.title  # fed again; its logits pick another first token
@@ -219,9 +234,18 @@ class _RowDecoder:
         return list(range(len(self.fed_items)))
 
 
-def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
-               record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3,
-               row_type: type = _RowDecoder, extra_slots: int = 0) -> Iterator[list["_RowDecoder"]]:
+def aspd_steps(
+    model,
+    sp: Specials,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos: frozenset,
+    record: bool = False,
+    max_branch_tokens: int = 512,
+    title_retries: int = 3,
+    row_type: type = _RowDecoder,
+    extra_slots: int = 0,
+) -> Iterator[list[_RowDecoder]]:
     """Greedy ASPD decoding of a batch, one forward pass per step for all rows, each row in its
     own mode (serial: one token; parallel: one token per active branch), padded to the widest.
     Yields the rows after every pass (``_RowDecoder.visible`` is what a stream may show).
@@ -277,22 +301,31 @@ def aspd_steps(model, sp: Specials, prompts: list[list[int]], max_new_tokens: in
                             row.stats.trace.append((it.token, it.position, vis, it.branch))
                 if row.truncate_to is not None:
                     cache.truncate(r, row.truncate_to)
-                    del row.stats.trace[row.truncate_to:]  # the trace is per cache slot
+                    del row.stats.trace[row.truncate_to :]  # the trace is per cache slot
                     row.truncate_to = None
         for row in rows:
             row.stats.wall_s = time.perf_counter() - t0
         yield rows
 
 
-def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tokens: int, eos: frozenset,
-                      record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3,
-                      **rows) -> list[tuple[list[int], AspdStats]]:
+def aspd_decode_batch(
+    model,
+    sp: Specials,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos: frozenset,
+    record: bool = False,
+    max_branch_tokens: int = 512,
+    title_retries: int = 3,
+    **rows,
+) -> list[tuple[list[int], AspdStats]]:
     """``aspd_steps`` to the end (``rows``: its row_type / extra_slots). Returns per prompt the
     marked-up new tokens (titles, markers and branches in branch order: the flattened sequence
     the model was trained on) and stats."""
     rows_out = []
-    for rows_out in aspd_steps(model, sp, prompts, max_new_tokens, eos, record, max_branch_tokens, title_retries,
-                               **rows):
+    for rows_out in aspd_steps(  # noqa: B007 (the last yield is the answer)
+        model, sp, prompts, max_new_tokens, eos, record, max_branch_tokens, title_retries, **rows
+    ):
         pass
     out = []
     for row in rows_out:
@@ -301,9 +334,18 @@ def aspd_decode_batch(model, sp: Specials, prompts: list[list[int]], max_new_tok
     return out
 
 
-def aspd_decode(model, sp: Specials, prompt: list[int], max_new_tokens: int, eos: frozenset,
-                record: bool = False, max_branch_tokens: int = 512, title_retries: int = 3,
-                **rows) -> tuple[list[int], AspdStats]:
+def aspd_decode(
+    model,
+    sp: Specials,
+    prompt: list[int],
+    max_new_tokens: int,
+    eos: frozenset,
+    record: bool = False,
+    max_branch_tokens: int = 512,
+    title_retries: int = 3,
+    **rows,
+) -> tuple[list[int], AspdStats]:
     """``aspd_decode_batch`` for one prompt."""
-    return aspd_decode_batch(model, sp, [prompt], max_new_tokens, eos, record, max_branch_tokens, title_retries,
-                             **rows)[0]
+    return aspd_decode_batch(
+        model, sp, [prompt], max_new_tokens, eos, record, max_branch_tokens, title_retries, **rows
+    )[0]

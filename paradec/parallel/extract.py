@@ -75,14 +75,14 @@ def code_groups(code: str, base: int = 0) -> list[Group]:
             spans.append((offs[first - 1], offs[fn.end_lineno], fn.name, _used_names(fn)))
         members: list[tuple] = []
 
-        def close():
+        def close(members=members):
             if len(members) >= 2:
                 groups.append(_code_group(code, members, base))
             members.clear()
 
         for span in spans:
             start, _, name, used = span
-            gap_ok = not members or code[members[-1][1]:start].strip() == ""
+            gap_ok = not members or code[members[-1][1] : start].strip() == ""
             independent = all(name not in m[3] and m[2] not in used for m in members)
             if not (gap_ok and independent) or len(members) == MAX_BRANCHES:
                 close()
@@ -113,8 +113,11 @@ def _is_python(text: str) -> bool:
 # ---- prose -----------------------------------------------------------------------------------
 _ITEM = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>(?:\d+[.)])|[-*+])[ \t]+(?P<body>.*)$")
 _HEADING = re.compile(r"^(?P<hashes>#{1,6})[ \t]+(?P<title>.+)$")
-_REFERS = re.compile(r"\b(above|previous(ly)?|aforementioned|below|following|preceding|earlier|later|"
-                     r"as mentioned|step \d+|then|next|afterwards?|finally|this step)\b", re.I)
+_REFERS = re.compile(
+    r"\b(above|previous(ly)?|aforementioned|below|following|preceding|earlier|later|"
+    r"as mentioned|step \d+|then|next|afterwards?|finally|this step)\b",
+    re.I,
+)
 
 
 def _title(body: str) -> str:
@@ -142,16 +145,24 @@ def prose_groups(text: str) -> list[Group]:
             items = []
             while i < len(lines):
                 mm, hh = _ITEM.match(lines[i].rstrip("\n")), _HEADING.match(lines[i].rstrip("\n"))
-                k = ((mm.group("indent") + ("1." if mm.group("marker")[0].isdigit() else "-")) if mm and kind == "list"
-                     else hh.group("hashes") if hh and kind == "section" else None)
+                k = (
+                    (mm.group("indent") + ("1." if mm.group("marker")[0].isdigit() else "-"))
+                    if mm and kind == "list"
+                    else hh.group("hashes")
+                    if hh and kind == "section"
+                    else None
+                )
                 if k != key:
                     break
                 start = offs[i]
                 i += 1
                 while i < len(lines):  # an item runs until the next item/heading of its level
                     nm, nh = _ITEM.match(lines[i].rstrip("\n")), _HEADING.match(lines[i].rstrip("\n"))
-                    if kind == "list" and ((nm and len(nm.group("indent")) <= len(key) - 2) or nh or
-                                           (lines[i].strip() and not lines[i].startswith((" ", "\t")) and not nm)):
+                    if kind == "list" and (
+                        (nm and len(nm.group("indent")) <= len(key) - 2)
+                        or nh
+                        or (lines[i].strip() and not lines[i].startswith((" ", "\t")) and not nm)
+                    ):
                         break
                     if kind == "section" and nh and len(nh.group("hashes")) <= len(key):
                         break
@@ -188,14 +199,14 @@ def find_groups(text: str, judge=None, question: str = "") -> list[Group]:
     else:
         candidates = [g for m in _FENCE.finditer(text) for g in code_groups(m.group(1), m.start(1))]
         fenced = [(m.start(), m.end()) for m in _FENCE.finditer(text)]
-        candidates += [g for g in prose_groups(text)
-                       if not any(a <= g.branches[0].start < b for a, b in fenced)]
+        candidates += [g for g in prose_groups(text) if not any(a <= g.branches[0].start < b for a, b in fenced)]
     accepted, last_end = [], -1
     for g in sorted(candidates, key=lambda g: g.branches[0].start):
         if g.branches[0].start < last_end:
             continue
-        if judge is not None and not judge(question, text[: g.branches[0].start],
-                                           [text[b.start:b.end] for b in g.branches]):
+        if judge is not None and not judge(
+            question, text[: g.branches[0].start], [text[b.start : b.end] for b in g.branches]
+        ):
             continue
         if strip_markup(mark_up(text, accepted + [g])) != text:
             continue  # integrity: the markup must be removable

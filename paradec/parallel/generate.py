@@ -42,8 +42,11 @@ def _setup(engine, prompts: list[list[int]], gen) -> tuple[Specials, frozenset, 
 def _rows(gen) -> dict:
     """The row decoder: plain ASPD, or with drafts (``aspd_draft`` tokens per chain)."""
     k = gen.spec.aspd_draft
-    return ({"row_type": partial(SpecRowDecoder, draft_tokens=k), "extra_slots": extra_slots(k)} if k
-            else {"row_type": _RowDecoder})
+    return (
+        {"row_type": partial(SpecRowDecoder, draft_tokens=k), "extra_slots": extra_slots(k)}
+        if k
+        else {"row_type": _RowDecoder}
+    )
 
 
 def generate_aspd(engine, prompts: list[list[int]], gen) -> list[Generation]:
@@ -52,18 +55,29 @@ def generate_aspd(engine, prompts: list[list[int]], gen) -> list[Generation]:
     hf = engine.tokenizer.hf
     sp, eos, budget = _setup(engine, prompts, gen)
     out = []
-    for ids, st in aspd_decode_batch(engine.model, sp, prompts, budget, eos, title_retries=gen.spec.title_retries,
-                                     **_rows(gen)):
+    for ids, st in aspd_decode_batch(
+        engine.model, sp, prompts, budget, eos, title_retries=gen.spec.title_retries, **_rows(gen)
+    ):
         text = _plain(hf, ids)
-        extra = {"parallel_steps": st.parallel_steps, "parallel_tokens": st.parallel_tokens,
-                 "groups": st.groups, "branches": st.branches,
-                 "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4),
-                 "well_formed": well_formed(hf.decode(ids, skip_special_tokens=False))}
+        extra = {
+            "parallel_steps": st.parallel_steps,
+            "parallel_tokens": st.parallel_tokens,
+            "groups": st.groups,
+            "branches": st.branches,
+            "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4),
+            "well_formed": well_formed(hf.decode(ids, skip_special_tokens=False)),
+        }
         if gen.spec.aspd_draft:
-            extra.update(drafted=st.drafted, accepted=st.accepted,
-                         acceptance=round(st.accepted / max(1, st.drafted), 4))
-        stats = Stats("aspd+spec" if gen.spec.aspd_draft else "aspd", new_tokens=len(ids), steps=st.steps,
-                      wall_s=st.wall_s, extra=extra)
+            extra.update(
+                drafted=st.drafted, accepted=st.accepted, acceptance=round(st.accepted / max(1, st.drafted), 4)
+            )
+        stats = Stats(
+            "aspd+spec" if gen.spec.aspd_draft else "aspd",
+            new_tokens=len(ids),
+            steps=st.steps,
+            wall_s=st.wall_s,
+            extra=extra,
+        )
         reason = "eos" if ids and ids[-1] in eos else "length"
         cut = _first_stop(text, gen.stop)
         if cut >= 0:  # stop strings end the plain text (the decode itself ran to its end)

@@ -15,6 +15,7 @@ import torch
 from paradec.errors import ParadecError
 from paradec.parallel.markup import BRANCH, END_BRANCH, END_PARA, END_TITLE, PARA, TITLE
 
+
 @dataclass(frozen=True)
 class Specials:
     title: int
@@ -26,7 +27,7 @@ class Specials:
     hf: object = field(compare=False, repr=False)  # the tokenizer: forced prefixes are tokenized as trained
 
     @staticmethod
-    def from_tokenizer(hf, fix: str = "use an ASPD-fine-tuned model (paradec train aspd)") -> "Specials":
+    def from_tokenizer(hf, fix: str = "use an ASPD-fine-tuned model (paradec train aspd)") -> Specials:
         ids = hf.convert_tokens_to_ids([TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH])
         if any(i is None or i == hf.unk_token_id for i in ids):
             raise ParadecError(f"this model's tokenizer lacks ASPD's special tokens (<|title|> ... <|/branch|>); {fix}")
@@ -37,8 +38,11 @@ class Specials:
         """Tokens a title cannot contain: a colon (a branch restates its title before ": ", and
         the text is parsed at the first colon) or a line break (a title is one line)."""
         toks = self.hf.convert_ids_to_tokens(list(range(len(self.hf))))
-        return [i for i, t in enumerate(toks) if t and (":" in t or "\u010a" in t or "\n" in t or "<0x0A>" in t)
-                and i not in self.ids]
+        return [
+            i
+            for i, t in enumerate(toks)
+            if t and (":" in t or "\u010a" in t or "\n" in t or "<0x0A>" in t) and i not in self.ids
+        ]
 
     @cached_property
     def numbering(self) -> frozenset[int]:
@@ -58,7 +62,7 @@ class Specials:
 
     def core(self, title: list[int]) -> list[int]:
         """A title without its number: what two titles must not share."""
-        return title[len(self.number_prefix(title)):]
+        return title[len(self.number_prefix(title)) :]
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -79,8 +83,9 @@ MAX_TITLE_TOKENS = 16
 MIN_BRANCH_TOKENS = 32  # token budget each planned branch must still have room for (a sentence or two)
 
 
-def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
-                budget_left: int | None = None) -> torch.Tensor:
+def serial_mask(
+    sp: Specials, history: list[int], just_merged: bool, vocab: int, budget_left: int | None = None
+) -> torch.Tensor:
     """[vocab] bool: the tokens the grammar allows next in serial mode: titles come first, each
     at most ``MAX_TITLE_TOKENS`` long, at most ``MAX_BRANCHES`` of them, then ``<|para|>``; no
     title right after a group; branch markers and ``<|/para|>`` never (the parallel mode places
@@ -92,7 +97,7 @@ def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
     allowed = torch.ones(vocab, dtype=torch.bool)
     allowed[[sp.end_para, sp.branch, sp.end_branch]] = False
     last = history[-1] if history else None
-    in_titles = sp.title in history and (sp.para not in history[_last_index(history, sp.title):])
+    in_titles = sp.title in history and (sp.para not in history[_last_index(history, sp.title) :])
     room = budget_left is None or budget_left >= _plan_cost([[0], [0]])
     if last == sp.end_title:
         titles = _titles(history, sp)
@@ -107,7 +112,7 @@ def serial_mask(sp: Specials, history: list[int], just_merged: bool, vocab: int,
     elif in_titles and _inside_title(history, sp):
         allowed[[sp.title, sp.para]] = False
         allowed[sp.not_in_titles] = False
-        current = history[_last_index(history, sp.title) + 1:]
+        current = history[_last_index(history, sp.title) + 1 :]
         if len(current) >= MAX_TITLE_TOKENS:
             allowed[:] = False
             allowed[sp.end_title] = True

@@ -1,6 +1,7 @@
 """The ASPD text format (papers.md §3.3), one group at a time:
 
-    serial <|title|>T1<|/title|><|title|>T2<|/title|><|para|><|branch|>T1: c1<|/branch|><|branch|>T2: c2<|/branch|><|/para|> serial
+    serial <|title|>T1<|/title|><|title|>T2<|/title|>
+    <|para|><|branch|>T1: c1<|/branch|><|branch|>T2: c2<|/branch|><|/para|> serial
 
 Titles come first (the plan), then each branch restates its title and ": ". Here a branch's
 content keeps the whitespace that separated it from the next branch, so removing the markup
@@ -13,7 +14,13 @@ import re
 from dataclasses import dataclass
 
 TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH = (
-    "<|title|>", "<|/title|>", "<|para|>", "<|/para|>", "<|branch|>", "<|/branch|>")
+    "<|title|>",
+    "<|/title|>",
+    "<|para|>",
+    "<|/para|>",
+    "<|branch|>",
+    "<|/branch|>",
+)
 
 
 @dataclass(frozen=True)
@@ -43,9 +50,9 @@ def mark_up(text: str, groups: list[Group]) -> str:
     """``text`` with every group (non-overlapping, in order) serialized in the ASPD format."""
     out, pos = [], 0
     for g in sorted(groups, key=lambda g: g.branches[0].start):
-        out.append(text[pos: g.branches[0].start])
+        out.append(text[pos : g.branches[0].start])
         out.append(plan_text(g))
-        out.append("".join(branch_text(b.title, text[b.start:b.end]) for b in g.branches))
+        out.append("".join(branch_text(b.title, text[b.start : b.end]) for b in g.branches))
         out.append(END_PARA)
         pos = g.branches[-1].end
     out.append(text[pos:])
@@ -54,7 +61,9 @@ def mark_up(text: str, groups: list[Group]) -> str:
 
 _TITLES = re.compile(re.escape(TITLE) + r".*?" + re.escape(END_TITLE), re.S)
 # the model may omit the space after the colon; a token budget may cut the last branch before its end marker
-_BRANCH = re.compile(re.escape(BRANCH) + r"(.*?): ?(.*?)(?:" + re.escape(END_BRANCH) + r"|(?=" + re.escape(BRANCH) + r")|$)", re.S)
+_BRANCH = re.compile(
+    re.escape(BRANCH) + r"(.*?): ?(.*?)(?:" + re.escape(END_BRANCH) + r"|(?=" + re.escape(BRANCH) + r")|$)", re.S
+)
 
 
 def strip_markup(marked: str) -> str:
@@ -66,7 +75,7 @@ def strip_markup(marked: str) -> str:
     matches = list(_BRANCH.finditer(text))
     out, pos = [], 0
     for i, m in enumerate(matches):
-        out.append(text[pos: m.start()])
+        out.append(text[pos : m.start()])
         content = m.group(2)
         followed = i + 1 < len(matches) and matches[i + 1].start() == m.end()
         if followed and content and not content.endswith("\n"):

@@ -34,7 +34,8 @@ JUDGE_RULES = (
     "You check whether parts of an answer can be written in parallel. Rules: no branch uses another "
     "branch's results, explicitly or implicitly; no branch is a precondition of another; titles are "
     "unique; the text before the branches does not depend on any branch. Reply with exactly "
-    "'[PARALLEL] true' or '[PARALLEL] false'.")
+    "'[PARALLEL] true' or '[PARALLEL] false'."
+)
 
 
 def make_judge(url: str, model: str, votes: int = 3, timeout: float = 60.0):
@@ -43,12 +44,18 @@ def make_judge(url: str, model: str, votes: int = 3, timeout: float = 60.0):
 
     def ask(question: str, precondition: str, branches: list[str]) -> bool:
         listing = "\n".join(f"[Branch {i + 1}]\n{b}" for i, b in enumerate(branches))
-        body = {"model": model, "temperature": 1.0, "messages": [
-            {"role": "system", "content": JUDGE_RULES},
-            {"role": "user", "content": f"[Question]\n{question}\n[Precondition]\n{precondition}\n{listing}"}]}
+        body = {
+            "model": model,
+            "temperature": 1.0,
+            "messages": [
+                {"role": "system", "content": JUDGE_RULES},
+                {"role": "user", "content": f"[Question]\n{question}\n[Precondition]\n{precondition}\n{listing}"},
+            ],
+        }
         for _ in range(votes):
-            req = urllib.request.Request(endpoint, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                endpoint, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(req, timeout=timeout) as resp:
                     reply = json.loads(resp.read())["choices"][0]["message"]["content"]
@@ -83,8 +90,9 @@ def _answers(path: Path) -> list[tuple[str, int, str]]:
             try:
                 turns = rec["choices"][0]["turns"]
             except (IndexError, KeyError, TypeError):
-                raise ParadecError(f"{path}:{n + 1} has 'choices' without [0]['turns'] "
-                                   "(FastChat model_answer format)") from None
+                raise ParadecError(
+                    f"{path}:{n + 1} has 'choices' without [0]['turns'] (FastChat model_answer format)"
+                ) from None
         else:
             text = rec.get("text", rec.get("output", rec.get("answer")))
             if text is None:
@@ -97,7 +105,7 @@ def _answers(path: Path) -> list[tuple[str, int, str]]:
 def group_passes(text: str, group: Group, count) -> tuple[int, int, int]:
     """-> (plain tokens of the group's branches, passes for them in parallel without markup,
     passes in ASPD's format: plan + longest marked branch + ``<|/para|>``)."""
-    contents = [text[b.start:b.end] for b in group.branches]
+    contents = [text[b.start : b.end] for b in group.branches]
     plain = [count(c) for c in contents]
     plan = count(plan_text(group))
     marked = [count(branch_text(b.title, c)) for b, c in zip(group.branches, contents)]
@@ -134,19 +142,29 @@ def extract_file(inp: str | Path, out: str | Path, judge=None, count_tokens=None
             par_passes_marked += mine_marked
             best = max(best, tokens / max(1, mine_marked))
         parallel += bool(groups)
-        records.append({"question_id": qid, "turn": turn, "parallel": bool(groups),
-                        "groups": [{"kind": g.kind, "titles": [b.title for b in g.branches]} for g in groups],
-                        "marked": mark_up(text, groups)})
-    stats = {"file": str(inp), "answers": len(records), "parallel_answers": parallel,
-             "ppd": round(parallel / max(1, len(records)), 4),
-             "degree_of_parallelism": round(branch_tokens / max(1, total_tokens), 4),
-             "branches_per_group": round(sum(group_sizes) / max(1, len(group_sizes)), 3),
-             "groups": len(group_sizes),
-             "ceiling_speedup": round(total_tokens / max(1, passes), 3),
-             "ceiling_speedup_marked": round(total_tokens / max(1, passes_marked), 3),
-             "ceiling_parallel_answers_marked": round(par_tokens / max(1, par_passes_marked), 3) if par_tokens else None,
-             "ceiling_best_answer_marked": round(best, 3),
-             "groups_by_kind": kinds}
+        records.append(
+            {
+                "question_id": qid,
+                "turn": turn,
+                "parallel": bool(groups),
+                "groups": [{"kind": g.kind, "titles": [b.title for b in g.branches]} for g in groups],
+                "marked": mark_up(text, groups),
+            }
+        )
+    stats = {
+        "file": str(inp),
+        "answers": len(records),
+        "parallel_answers": parallel,
+        "ppd": round(parallel / max(1, len(records)), 4),
+        "degree_of_parallelism": round(branch_tokens / max(1, total_tokens), 4),
+        "branches_per_group": round(sum(group_sizes) / max(1, len(group_sizes)), 3),
+        "groups": len(group_sizes),
+        "ceiling_speedup": round(total_tokens / max(1, passes), 3),
+        "ceiling_speedup_marked": round(total_tokens / max(1, passes_marked), 3),
+        "ceiling_parallel_answers_marked": round(par_tokens / max(1, par_passes_marked), 3) if par_tokens else None,
+        "ceiling_best_answer_marked": round(best, 3),
+        "groups_by_kind": kinds,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -28,8 +28,8 @@ def nll(model, prompt: list[int], continuation: list[int]) -> float:
     if not continuation:
         return float("nan")
     ids = torch.tensor([prompt + continuation], device=model.embed.weight.device)
-    logits = model(ids[:, :-1])[0, len(prompt) - 1:].float()  # [len(continuation), vocab]
-    return float(F.cross_entropy(logits, ids[0, len(prompt):]))
+    logits = model(ids[:, :-1])[0, len(prompt) - 1 :].float()  # [len(continuation), vocab]
+    return float(F.cross_entropy(logits, ids[0, len(prompt) :]))
 
 
 def _indent(line: str) -> int:
@@ -63,8 +63,18 @@ def parses(text: str) -> bool:
     return True
 
 
-_GROUP = re.compile(r"((?:" + re.escape(TITLE) + r".*?" + re.escape(END_TITLE) + r")*)" + re.escape(PARA)
-                    + r"(.*?)(?:" + re.escape(END_PARA) + r"|$)", re.S)
+_GROUP = re.compile(
+    r"((?:"
+    + re.escape(TITLE)
+    + r".*?"
+    + re.escape(END_TITLE)
+    + r")*)"
+    + re.escape(PARA)
+    + r"(.*?)(?:"
+    + re.escape(END_PARA)
+    + r"|$)",
+    re.S,
+)
 _MARKERS = (TITLE, END_TITLE, PARA, END_PARA, BRANCH, END_BRANCH)
 
 

@@ -73,7 +73,7 @@ class SpecRowDecoder(_RowDecoder):
             toks = self.branch_tokens[i]
             chain = [toks[self.fed[i]]]
             if toks[-1] != self.sp.end_branch:
-                forced = self.forced[i][len(toks):]
+                forced = self.forced[i][len(toks) :]
                 room = self.branch_cap - 1 - len(toks) - len(forced)  # its last token is <|/branch|>
                 chain += forced + self._lookup(self.history + toks + forced, min(room, self.lookup.num_draft))
             slots = list(self.branch_slots[i])
@@ -91,11 +91,18 @@ class SpecRowDecoder(_RowDecoder):
             keep = [0]
             for j in range(len(fed)):
                 steps = self.stats.steps
-                _RowDecoder.consume(self, logits[j: j + 1])  # one serial decision
+                _RowDecoder.consume(self, logits[j : j + 1])  # one serial decision
                 self.stats.steps = steps + (j == 0)
                 nxt = fed[j + 1].token if j + 1 < len(fed) else None
-                if (nxt is None or self.history[-1] != nxt or self.done or self.parallel or self.truncate_to is not None
-                        or nxt in self.sp.ids or len(self.new) >= self.max_new):
+                if (
+                    nxt is None
+                    or self.history[-1] != nxt
+                    or self.done
+                    or self.parallel
+                    or self.truncate_to is not None
+                    or nxt in self.sp.ids
+                    or len(self.new) >= self.max_new
+                ):
                     break
                 keep.append(j + 1)
         else:
@@ -120,8 +127,11 @@ class SpecRowDecoder(_RowDecoder):
                         if nxt == self.sp.end_branch:
                             break
                 j = end
-        base = 1 if not self.parallel else sum(1 for j, it in enumerate(fed)
-                                                 if it.branch < 0 or j == 0 or fed[j - 1].branch != it.branch)
+        base = (
+            1
+            if not self.parallel
+            else sum(1 for j, it in enumerate(fed) if it.branch < 0 or j == 0 or fed[j - 1].branch != it.branch)
+        )
         self.stats.drafted += len(fed) - base
         self.stats.accepted += len(keep) - base
         self._keep = keep

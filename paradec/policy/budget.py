@@ -58,7 +58,7 @@ class BatchBudget:
 
     def rate(self, method: str, proposed: int, node: int) -> float:
         key = (method, size_class(proposed), node)
-        return (self.hits[key] + PRIOR_ACCEPT ** node * PRIOR_WEIGHT) / (self.trials[key] + PRIOR_WEIGHT)
+        return (self.hits[key] + PRIOR_ACCEPT**node * PRIOR_WEIGHT) / (self.trials[key] + PRIOR_WEIGHT)
 
     def expected(self, method: str, proposed: int, width: int) -> float:
         """Committed tokens of a row whose tree of ``proposed`` nodes past the root is cut to ``width``."""
@@ -115,8 +115,10 @@ class BatchBudget:
         batch = len(trees)
         draft = sum(self.draft_s.get(m, 0.0) for m in dict.fromkeys(m for m, _ in trees))
         plain = batch / self.latency.predict(batch)
-        drafting = max(sum(self.expected(m, p, w) for m, p in trees) / (self.latency.predict(batch * w) + draft)
-                       for w in range(2, 2 + max(p for _, p in trees)))
+        drafting = max(
+            sum(self.expected(m, p, w) for m, p in trees) / (self.latency.predict(batch * w) + draft)
+            for w in range(2, 2 + max(p for _, p in trees))
+        )
         if drafting >= plain:
             self.skipped = 0
             return max(width, 1)

@@ -102,8 +102,10 @@ class Calibration:
     def scores(self, probs: list[list[float]]) -> list[list[float]]:
         """Head probabilities [depth][rank] (falling with rank) -> acceptance scores [depth][rank]."""
         table = self.table()
-        return [[table[d][min(bisect.bisect_left(BINS, p), len(BINS) - 1)] for p in row]
-                for d, row in enumerate(probs[: len(table)])]
+        return [
+            [table[d][min(bisect.bisect_left(BINS, p), len(BINS) - 1)] for p in row]
+            for d, row in enumerate(probs[: len(table)])
+        ]
 
 
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:
@@ -176,9 +178,16 @@ class TreePolicy:
     is its own top-n paths (``paths(n, row)``); without, every row gets the top-n by rank stats.
     """
 
-    def __init__(self, prior: list[list[float]], static_nodes: int | None = None,
-                 explore_every: int = 32, seed: int = 0, lower_share: float | None = None,
-                 recall: float = EARLY_RECALL_PRIOR, curve: PassCost | None = None) -> None:
+    def __init__(
+        self,
+        prior: list[list[float]],
+        static_nodes: int | None = None,
+        explore_every: int = 32,
+        seed: int = 0,
+        lower_share: float | None = None,
+        recall: float = EARLY_RECALL_PRIOR,
+        curve: PassCost | None = None,
+    ) -> None:
         self.stats = RankStats(prior)
         # unpruned and split passes: the measured pass-cost curve's shape (``paradec.cpu``; a split
         # pass counts its token-equivalents), else lines fit on probed sizes

@@ -21,9 +21,17 @@ from paradec.serve.worker import Job, Worker
 __all__ = ["Job", "Worker", "build_app", "run"]
 
 
-def build_app(engine, model_name: str, method: str = "ar", max_batch: int = 8, max_queue: int = 64,
-              api_key: str | None = None, max_tokens_limit: int = 4096, own_worker: bool = True,
-              allowed_hosts: frozenset[str] | None = None):
+def build_app(
+    engine,
+    model_name: str,
+    method: str = "ar",
+    max_batch: int = 8,
+    max_queue: int = 64,
+    api_key: str | None = None,
+    max_tokens_limit: int = 4096,
+    own_worker: bool = True,
+    allowed_hosts: frozenset[str] | None = None,
+):
     """The app and its ``Worker`` (``app.state.worker``). With ``own_worker`` the worker runs on a
     thread that starts and stops with the app's lifespan (tests, Ray replicas); ``run`` instead
     drives it from the main thread."""
@@ -31,6 +39,7 @@ def build_app(engine, model_name: str, method: str = "ar", max_batch: int = 8, m
     app = create_app(worker, model_name, method, api_key, max_tokens_limit, allowed_hosts=allowed_hosts)
 
     if own_worker:
+
         @asynccontextmanager
         async def lifespan(_app):
             worker.start()
@@ -54,8 +63,7 @@ def run(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, **op
     hosts = LOOPBACK_HOSTS if host in LOOPBACK_HOSTS or host.startswith("127.") else None
     app = build_app(engine, model_name, own_worker=False, allowed_hosts=hosts, **options)
     worker = app.state.worker
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5))
     http = threading.Thread(target=server.run, name="paradec-http", daemon=True)  # no signal handlers off main
     http.start()
     while not server.started:

@@ -21,7 +21,8 @@ import hmac
 import json
 import time
 import uuid
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -77,14 +78,25 @@ class ChatRequest(_Request):
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 headers: dict | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.headers = status, message, param, kind, headers
 
 
-def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-           headers: dict | None = None) -> JSONResponse:
+def _error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str = "invalid_request_error",
+    headers: dict | None = None,
+) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -105,15 +117,33 @@ class _Reply:
         return "length" if self.job.finish_reason == "length" else "stop"
 
     def body(self, text: str) -> dict:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": self.finish(),
-                   "logprobs": None} if self.chat else
-                  {"index": 0, "text": text, "finish_reason": self.finish(), "logprobs": None})
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model_name, "choices": [choice], "usage": self.usage()}
+        choice = (
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": self.finish(),
+                "logprobs": None,
+            }
+            if self.chat
+            else {"index": 0, "text": text, "finish_reason": self.finish(), "logprobs": None}
+        )
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": self.usage(),
+        }
 
     def _chunk(self, choices: list, usage: dict | None) -> str:
-        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model_name, "choices": choices}
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model_name,
+            "choices": choices,
+        }
         if self.include_usage:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
@@ -144,28 +174,41 @@ class _Api:
         except ParadecError:
             aspd = False
         backend = self.engine.model.backend  # llama.cpp's runs chain methods only
-        self.served = [m for m in methods.names() if backend in methods.get(m).backends and
-                       (methods.get(m).drafter is not None or (aspd and "aspd_model" in methods.get(m).needs))]
+        self.served = [
+            m
+            for m in methods.names()
+            if backend in methods.get(m).backends
+            and (methods.get(m).drafter is not None or (aspd and "aspd_model" in methods.get(m).needs))
+        ]
 
     def submit(self, req: _Request, ids_of: Callable[[], list[int]]) -> tuple[Job, asyncio.Queue]:
         """Check ``req``, queue its job on the worker; the queue receives its text pieces, then None."""
         if req.model != self.model_name:
-            raise ApiError(404, f"model {req.model!r} is not served here; use {self.model_name!r}", "model",
-                           "not_found_error")
+            raise ApiError(
+                404, f"model {req.model!r} is not served here; use {self.model_name!r}", "model", "not_found_error"
+            )
         method = req.method or self.default_method
         if method not in self.served:
             raise ApiError(400, f"method {method!r} is not served; use one of {', '.join(self.served)}", "method")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = 16 if max_tokens is None else max_tokens  # OpenAI's completions default
         if max_tokens > self.max_tokens_limit:
-            raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {self.max_tokens_limit}",
-                           "max_tokens")
+            raise ApiError(
+                400, f"max_tokens is {max_tokens}; this server allows at most {self.max_tokens_limit}", "max_tokens"
+            )
         try:
             ids = ids_of()
             fixed = req.deterministic if req.deterministic is not None else req.seed is not None and req.temperature > 0
-            gen = self.engine.config(method=method, max_new_tokens=max_tokens, temperature=req.temperature,
-                                     top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stop,
-                                     **({"deterministic": True} if fixed else {}))
+            gen = self.engine.config(
+                method=method,
+                max_new_tokens=max_tokens,
+                temperature=req.temperature,
+                top_k=req.top_k,
+                top_p=req.top_p,
+                seed=req.seed,
+                stop=req.stop,
+                **({"deterministic": True} if fixed else {}),
+            )
         except ParadecError as exc:
             raise ApiError(400, str(exc)) from None
         loop, out = asyncio.get_running_loop(), asyncio.Queue()
@@ -173,8 +216,12 @@ class _Api:
         try:
             self.worker.submit(job)
         except QueueFull:
-            raise ApiError(429, "the server is busy (its queue is full); retry later", kind="rate_limit_error",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise ApiError(
+                429,
+                "the server is busy (its queue is full); retry later",
+                kind="rate_limit_error",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
         return job, out
 
     async def respond(self, req: _Request, job: Job, out: asyncio.Queue, chat: bool, request: Request):
@@ -228,8 +275,9 @@ class _Gate:
     """ASGI middleware in front of every route: the API key, the Host check, the body limit (read
     here, so a chunked body cannot pass it and a stalled one times out), the replica header."""
 
-    def __init__(self, app, worker: Worker, api_key: str | None, max_body_bytes: int,
-                 allowed_hosts: frozenset[str] | None) -> None:
+    def __init__(
+        self, app, worker: Worker, api_key: str | None, max_body_bytes: int, allowed_hosts: frozenset[str] | None
+    ) -> None:
         self.app, self.worker, self.max_body = app, worker, max_body_bytes
         self.key = None if api_key is None else f"Bearer {api_key}".encode()
         self.hosts = allowed_hosts
@@ -240,7 +288,10 @@ class _Gate:
 
         async def tagged(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (b"x-paradec-replica", REPLICA.encode())]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (b"x-paradec-replica", REPLICA.encode())],
+                }
             await send(message)
 
         headers = dict(scope.get("headers") or [])
@@ -255,14 +306,19 @@ class _Gate:
     def _refuse(self, path: str, headers: dict) -> JSONResponse | None:
         if self.hosts is not None:
             host = headers.get(b"host", b"").decode("latin-1")
-            name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+            name = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
             if name.lower() not in self.hosts:
-                return _error(400, f"Host {host!r} is not served here (this server answers its loopback names only); "
-                                   "connect to localhost or bind another --host", "host")
+                return _error(
+                    400,
+                    f"Host {host!r} is not served here (this server answers its loopback names only); "
+                    "connect to localhost or bind another --host",
+                    "host",
+                )
         if self.key is not None and path != "/health":
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.key):
-                return _error(401, "missing or wrong API key; send Authorization: Bearer KEY",
-                              kind="authentication_error")
+                return _error(
+                    401, "missing or wrong API key; send Authorization: Bearer KEY", kind="authentication_error"
+                )
         return None
 
     async def _read_body(self, headers: dict, receive):
@@ -297,17 +353,24 @@ class _Gate:
         return None, replay
 
 
-def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_key: str | None = None,
-               max_tokens_limit: int = 4096, max_body_bytes: int = MAX_BODY_BYTES,
-               allowed_hosts: frozenset[str] | None = None) -> FastAPI:
+def create_app(
+    worker: Worker,
+    model_name: str,
+    default_method: str = "ar",
+    api_key: str | None = None,
+    max_tokens_limit: int = 4096,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    allowed_hosts: frozenset[str] | None = None,
+) -> FastAPI:
     """The FastAPI app serving ``worker``'s engine as ``model_name``; the caller runs the
     worker (``paradec.serve.run`` does both). ``allowed_hosts``: the Host names answered (None:
     any; ``run`` passes the loopback names when it binds the loopback)."""
     app = FastAPI(title="paradec", docs_url=None, redoc_url=None, openapi_url=None if api_key else "/openapi.json")
     api = _Api(worker, model_name, default_method, max_tokens_limit)
     engine = worker.engine
-    app.add_middleware(_Gate, worker=worker, api_key=api_key, max_body_bytes=max_body_bytes,
-                       allowed_hosts=allowed_hosts)
+    app.add_middleware(
+        _Gate, worker=worker, api_key=api_key, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts
+    )
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -328,8 +391,12 @@ def create_app(worker: Worker, model_name: str, default_method: str = "ar", api_
     async def _http(request: Request, exc: StarletteHTTPException):  # 404, 405 ... in OpenAI's shape
         worker.metrics.errors.inc()
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind,
-                      headers=getattr(exc, "headers", None))
+        return _error(
+            exc.status_code,
+            f"{request.method} {request.url.path}: {exc.detail}",
+            kind=kind,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.get("/health")
     async def health():

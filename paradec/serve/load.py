@@ -21,8 +21,21 @@ from pathlib import Path
 from paradec.bench.prompts import Prompt
 from paradec.bench.report import markdown_table, write_json
 
-COLUMNS = ["method", "concurrency", "requests", "errors", "left", "tokens_per_s", "requests_per_s", "ttft_p50_ms",
-           "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_ms", "tokens_per_request"]
+COLUMNS = [
+    "method",
+    "concurrency",
+    "requests",
+    "errors",
+    "left",
+    "tokens_per_s",
+    "requests_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "tpot_ms",
+    "tokens_per_request",
+]
 
 
 @dataclass
@@ -42,9 +55,15 @@ def _one(client, model: str, prompt: Prompt, method: str, max_tokens: int, leave
     messages = [{"role": "user", "content": prompt.turns[0] if prompt.turns else prompt.text}]
     t0 = last = time.perf_counter()
     try:
-        stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
-                                                temperature=0, stream=True, stream_options={"include_usage": True},
-                                                extra_body={"method": method})
+        stream = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"method": method},
+        )
         chunks = 0
         for chunk in stream:
             now = time.perf_counter()
@@ -79,8 +98,16 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def run_level(client, model: str, prompts: list[Prompt], method: str, concurrency: int, requests: int,
-              max_tokens: int, disconnect: float = 0.0) -> dict:
+def run_level(
+    client,
+    model: str,
+    prompts: list[Prompt],
+    method: str,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    disconnect: float = 0.0,
+) -> dict:
     """``requests`` requests from ``concurrency`` threads (prompts in order, cycled); a
     ``disconnect`` share of them (every k-th) leave after their first piece of text."""
     every = round(1 / disconnect) if disconnect > 0 else 0
@@ -93,8 +120,14 @@ def run_level(client, model: str, prompts: list[Prompt], method: str, concurrenc
                 next_i[0] += 1
             if i >= requests:
                 return
-            s = _one(client, model, prompts[i % len(prompts)], method, max_tokens,
-                     leave=bool(every) and i % every == every - 1)
+            s = _one(
+                client,
+                model,
+                prompts[i % len(prompts)],
+                method,
+                max_tokens,
+                leave=bool(every) and i % every == every - 1,
+            )
             with lock:
                 samples.append(s)
 
@@ -108,35 +141,69 @@ def run_level(client, model: str, prompts: list[Prompt], method: str, concurrenc
     itl = [x for s in ok for x in s.itl]
     tokens = sum(s.tokens for s in ok)
     ms = lambda v: None if v is None else round(1000 * v, 2)  # noqa: E731
-    return {"method": method, "concurrency": concurrency, "requests": len(samples),
-            "errors": sum(s.error is not None for s in samples), "left": sum(s.left for s in samples),
-            "tokens_per_s": round(tokens / wall, 2),
-            "requests_per_s": round(len(ok) / wall, 3), "ttft_p50_ms": ms(_pct(ttft, 0.5)),
-            "ttft_p99_ms": ms(_pct(ttft, 0.99)), "itl_p50_ms": ms(_pct(itl, 0.5)), "itl_p99_ms": ms(_pct(itl, 0.99)),
-            "tpot_ms": ms(statistics.mean(tp)) if (tp := [s.tpot for s in ok if s.tpot is not None]) else None,
-            "tokens_per_request": round(statistics.mean(s.tokens for s in ok), 1) if ok else 0,
-            "wall_s": round(wall, 2), "first_errors": [s.error for s in samples if s.error][:3]}
+    return {
+        "method": method,
+        "concurrency": concurrency,
+        "requests": len(samples),
+        "errors": sum(s.error is not None for s in samples),
+        "left": sum(s.left for s in samples),
+        "tokens_per_s": round(tokens / wall, 2),
+        "requests_per_s": round(len(ok) / wall, 3),
+        "ttft_p50_ms": ms(_pct(ttft, 0.5)),
+        "ttft_p99_ms": ms(_pct(ttft, 0.99)),
+        "itl_p50_ms": ms(_pct(itl, 0.5)),
+        "itl_p99_ms": ms(_pct(itl, 0.99)),
+        "tpot_ms": ms(statistics.mean(tp)) if (tp := [s.tpot for s in ok if s.tpot is not None]) else None,
+        "tokens_per_request": round(statistics.mean(s.tokens for s in ok), 1) if ok else 0,
+        "wall_s": round(wall, 2),
+        "first_errors": [s.error for s in samples if s.error][:3],
+    }
 
 
-def bench_serve(url: str, prompts: list[Prompt], methods: list[str], levels: list[int], requests: int,
-                max_tokens: int, out: Path, api_key: str | None = None, model: str | None = None,
-                disconnect: float = 0.0) -> dict:
+def bench_serve(
+    url: str,
+    prompts: list[Prompt],
+    methods: list[str],
+    levels: list[int],
+    requests: int,
+    max_tokens: int,
+    out: Path,
+    api_key: str | None = None,
+    model: str | None = None,
+    disconnect: float = 0.0,
+) -> dict:
     import openai
 
-    client = openai.OpenAI(base_url=url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1"),
-                           api_key=api_key or "none", max_retries=0, timeout=600)
+    client = openai.OpenAI(
+        base_url=url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1"),
+        api_key=api_key or "none",
+        max_retries=0,
+        timeout=600,
+    )
     model = model or client.models.list().data[0].id
     rows = []
     for level in levels:
         for method in methods:  # interleaved: each level runs every method back to back
             rows.append(run_level(client, model, prompts, method, level, requests, max_tokens, disconnect))
             print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
-    result = {"config": {"url": url, "model": model, "methods": methods, "concurrency": levels, "requests": requests,
-                         "max_tokens": max_tokens, "prompts": len(prompts), "disconnect": disconnect}, "rows": rows}
+    result = {
+        "config": {
+            "url": url,
+            "model": model,
+            "methods": methods,
+            "concurrency": levels,
+            "requests": requests,
+            "max_tokens": max_tokens,
+            "prompts": len(prompts),
+            "disconnect": disconnect,
+        },
+        "rows": rows,
+    }
     for row in rows:
         base = next(r for r in rows if r["concurrency"] == row["concurrency"] and r["method"] == methods[0])
-        row[f"throughput_vs_{methods[0]}"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3) \
-            if base["tokens_per_s"] else None
+        row[f"throughput_vs_{methods[0]}"] = (
+            round(row["tokens_per_s"] / base["tokens_per_s"], 3) if base["tokens_per_s"] else None
+        )
     out.mkdir(parents=True, exist_ok=True)
     write_json(result, out / "results.json")
     table = markdown_table(rows, COLUMNS + [f"throughput_vs_{methods[0]}"])

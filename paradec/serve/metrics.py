@@ -19,10 +19,12 @@ class Metrics:
         self.tokens = Counter("paradec_generated_tokens", "Tokens generated", registry=r)
         self.request_steps = Counter("paradec_request_steps", "Decode steps of finished requests", registry=r)
         self.tau = Gauge("paradec_tau", "Tokens per target pass (tau) of the finished requests so far", registry=r)
-        self.step_seconds = Histogram("paradec_step_seconds", "Wall time of one decode step (all live requests)",
-                                      buckets=STEP_BUCKETS, registry=r)
-        self.batch_size = Histogram("paradec_batch_size", "Requests verified in one target pass",
-                                    buckets=BATCH_BUCKETS, registry=r)
+        self.step_seconds = Histogram(
+            "paradec_step_seconds", "Wall time of one decode step (all live requests)", buckets=STEP_BUCKETS, registry=r
+        )
+        self.batch_size = Histogram(
+            "paradec_batch_size", "Requests verified in one target pass", buckets=BATCH_BUCKETS, registry=r
+        )
         self.running = Gauge("paradec_running_requests", "Requests decoding now", registry=r)
         self.queue_length = Gauge("paradec_queue_length", "Requests waiting for a cache row", registry=r)
         self._tokens = self._steps = 0

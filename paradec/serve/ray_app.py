@@ -29,9 +29,17 @@ def deployment(load_options: dict, model_name: str, replicas: int, replica_cpus:
     return replica.options(num_replicas=replicas, ray_actor_options={"num_cpus": replica_cpus}).bind()
 
 
-def start(load_options: dict, model_name: str, replicas: int, host: str = "127.0.0.1", port: int = 8000,
-          ray_address: str | None = None, replica_cpus: float | None = None, temp_dir: str | None = None,
-          **app_options) -> None:
+def start(
+    load_options: dict,
+    model_name: str,
+    replicas: int,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    ray_address: str | None = None,
+    replica_cpus: float | None = None,
+    temp_dir: str | None = None,
+    **app_options,
+) -> None:
     """Start Ray (or join ``ray_address``) and deploy; returns once the replicas serve."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -41,10 +49,14 @@ def start(load_options: dict, model_name: str, replicas: int, host: str = "127.0
         ray.init(address=ray_address)
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp_dir,
-                 object_store_memory=100 * 2**20)
-    cpus = replica_cpus if replica_cpus is not None else max(0.1, min(1.0, ray.cluster_resources().get("CPU", 1)
-                                                                   / (replicas + 1)))
+        ray.init(
+            _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp_dir, object_store_memory=100 * 2**20
+        )
+    cpus = (
+        replica_cpus
+        if replica_cpus is not None
+        else max(0.1, min(1.0, ray.cluster_resources().get("CPU", 1) / (replicas + 1)))
+    )
     serve.start(http_options={"host": host, "port": port})
     serve.run(deployment(load_options, model_name, replicas, cpus, **app_options), name="paradec", route_prefix="/")
 
@@ -62,6 +74,7 @@ def stop() -> None:
 def run(load_options: dict, model_name: str, replicas: int, **options) -> None:
     """``start``, then serve until SIGINT/SIGTERM; Serve and Ray are shut down on the way out
     (a killed driver would leave Ray's processes behind)."""
+
     def _term(*_):
         raise KeyboardInterrupt
 

@@ -17,15 +17,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from collections.abc import Generator
-from typing import Callable
 
 from paradec import methods
 from paradec.config import MAX_TREE_NODES, GenerationConfig
 from paradec.scheduler import Group, Scheduler
 from paradec.serve.metrics import Metrics
-
 
 # Scratch slots per cache row for a request's trees: a request whose drafter may propose more
 # (several SSMs with wide expansions) is refused with a clear error.
@@ -42,7 +40,7 @@ class Job:
 
     ids: list[int]
     gen: GenerationConfig
-    emit: Callable[[str | None, "Job"], None]  # called from the worker thread: a text piece, or None at the end
+    emit: Callable[[str | None, Job], None]  # called from the worker thread: a text piece, or None at the end
     sent: int = 0  # characters of visible text emitted
     finish_reason: str = "length"
     completion_tokens: int = 0
@@ -58,8 +56,9 @@ class Worker:
     def __init__(self, engine, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None) -> None:
         self.engine = engine
         context = engine.model.config.context_length
-        self.scheduler = Scheduler(engine, max_batch, context + 1 + TREE_SCRATCH, engine.budget,
-                                   interleave_prefill=True)  # a long prompt does not stop the others
+        self.scheduler = Scheduler(
+            engine, max_batch, context + 1 + TREE_SCRATCH, engine.budget, interleave_prefill=True
+        )  # a long prompt does not stop the others
         self.waiting: queue.Queue[Job] = queue.Queue(max_queue)
         self.metrics = metrics or Metrics()
         self.jobs: dict[Group, Job] = {}
@@ -179,8 +178,10 @@ class Worker:
                 rows = self.engine._rows([job.ids], job.gen)
                 drafter = method.drafter(self.engine, job.gen)
                 if not self.scheduler.fits(rows, drafter):
-                    raise ValueError(f"method {job.gen.method} with these options proposes trees of up to "
-                                     f"{drafter.max_nodes} nodes; this server reserves {TREE_SCRATCH}")
+                    raise ValueError(
+                        f"method {job.gen.method} with these options proposes trees of up to "
+                        f"{drafter.max_nodes} nodes; this server reserves {TREE_SCRATCH}"
+                    )
                 self.metrics.prompt_tokens.inc(len(job.ids))
                 job.group = self.scheduler.admit(rows, job.gen, drafter)
                 self.jobs[job.group] = job
@@ -215,7 +216,7 @@ class Worker:
 
     def _fail_running(self, message: str) -> None:
         """End every running request with ``message`` and start over with an empty cache."""
-        for group, job in list(self.jobs.items()):
+        for job in list(self.jobs.values()):
             job.error, job.finish_reason = message, "error"
             self.metrics.errors.inc()
             job.emit(None, job)

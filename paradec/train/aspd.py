@@ -7,7 +7,8 @@ Data, one of:
   non-evaluation questions whose lists and sections are independent
   (``paradec.train.aspd_chat``), through the chat template; the answer tokens are the targets.
 
-Marked up with the six ASPD tokens (appended to the vocabulary when the base lacks them). The ASPD model trains under the Indep mask with Same-Seq positions (a branch never
+Marked up with the six ASPD tokens (appended to the vocabulary when the base lacks them). The ASPD model trains
+under the Indep mask with Same-Seq positions (a branch never
 sees its siblings, every branch of a group starts at the same position), exactly the layout the
 hybrid engine decodes with; the Seq twin trains on the same windows with the markup removed
 and a plain causal mask: the fair baseline for speed and quality.
@@ -87,8 +88,9 @@ def load_chat_examples(tokenizer, run_dir: Path, cfg: AspdTrainConfig) -> tuple[
     path = run_dir / "examples_chat.json"
     if not path.exists():
         end = tokenizer.eos_token or ""
-        train, held, stats = chat_examples(cfg.questions, list(cfg.answers), tokenizer, end, cfg.max_tokens,
-                                           cfg.max_prompt_tokens, cfg.min_branches)
+        train, held, stats = chat_examples(
+            cfg.questions, list(cfg.answers), tokenizer, end, cfg.max_tokens, cfg.max_prompt_tokens, cfg.min_branches
+        )
         save_examples(path, train, held, stats)
     raw = json.loads(path.read_text())
 
@@ -114,8 +116,14 @@ def aspd_tokenizer(base_dir: Path, add_markers: bool):
     return tok, tuple(new) if add_markers else ()
 
 
-def _loss(model, adapter, seqs: list[list[int]], branch_open: int | None, branch_close: int | None,
-          loss_from: list[int] | None = None) -> torch.Tensor:
+def _loss(
+    model,
+    adapter,
+    seqs: list[list[int]],
+    branch_open: int | None,
+    branch_close: int | None,
+    loss_from: list[int] | None = None,
+) -> torch.Tensor:
     x, y, pos, mask = collate(seqs, branch_open, branch_close, loss_from=loss_from)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = functional_call(model, adapter.merged(model), (x, pos, mask))
@@ -131,8 +139,11 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
     chat = cfg.questions is not None
     run_dir.mkdir(parents=True, exist_ok=True)
     tok, new_tokens = aspd_tokenizer(base_dir, add_markers=chat)
-    sp = Specials.from_tokenizer(tok, "use a tokenizer from `paradec train tokenizer` (the zoo's has them), "
-                                      "or chat data (questions=, answers=), which adds them")
+    sp = Specials.from_tokenizer(
+        tok,
+        "use a tokenizer from `paradec train tokenizer` (the zoo's has them), "
+        "or chat data (questions=, answers=), which adds them",
+    )
     if chat:
         train, held, _ = load_chat_examples(tok, run_dir.parent, cfg)
     else:
@@ -140,8 +151,9 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
     if cfg.min_branches > 2:  # the plan length the model learns follows the data's (held-out stays all)
         train = [e for e in train if e.marked.count(sp.branch) >= cfg.min_branches]
     if not train:
-        raise ParadecError(f"no training example has a group of {cfg.min_branches} branches; "
-                           "lower min_branches= or pass more answers")
+        raise ParadecError(
+            f"no training example has a group of {cfg.min_branches} branches; lower min_branches= or pass more answers"
+        )
     field = "plain" if cfg.twin else "marked"
     train_seqs = [getattr(e, field) for e in train]
     held_seqs = [getattr(e, field) for e in held]
@@ -174,14 +186,24 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
 
     @torch.no_grad()
     def heldout_loss() -> float:
-        losses = [_loss(model, adapter, held_seqs[i: i + 16], b_open, b_close, held_from[i: i + 16]).item()
-                  for i in range(0, len(held_seqs), 16)]
+        losses = [
+            _loss(model, adapter, held_seqs[i : i + 16], b_open, b_close, held_from[i : i + 16]).item()
+            for i in range(0, len(held_seqs), 16)
+        ]
         return round(float(np.mean(losses)), 4)
 
     def checkpoint() -> None:
-        save_atomic({"adapter": adapter.state_dict(), "opt": opt.state_dict(), "step": step,
-                      "tokens_seen": tokens_seen, "elapsed": elapsed + time.perf_counter() - t0,
-                      "config": asdict(cfg)}, state_path)
+        save_atomic(
+            {
+                "adapter": adapter.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "tokens_seen": tokens_seen,
+                "elapsed": elapsed + time.perf_counter() - t0,
+                "config": asdict(cfg),
+            },
+            state_path,
+        )
 
     log = (run_dir / "log.jsonl").open("a")
     budget = cfg.minutes * 60 if cfg.minutes else float("inf")
@@ -191,7 +213,7 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         log.write(json.dumps({"step": 0, "heldout_loss": heldout_loss()}) + "\n")
     while step < total and time.perf_counter() - t0 < budget:
         epoch, k = divmod(step, per_epoch)
-        picked = order(epoch)[k * cfg.batch_size: (k + 1) * cfg.batch_size]
+        picked = order(epoch)[k * cfg.batch_size : (k + 1) * cfg.batch_size]
         batch = [train_seqs[i] for i in picked]
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, total, cfg.lr, cfg.min_lr, cfg.warmup_steps)
@@ -202,8 +224,12 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         opt.step()
         step += 1
         tokens_seen += sum(len(s) - 1 - train_from[i] for s, i in zip(batch, picked))
-        rec = {"step": step, "loss": round(loss.item(), 4), "tokens_seen": tokens_seen,
-               "elapsed_s": round(elapsed + time.perf_counter() - t0, 1)}
+        rec = {
+            "step": step,
+            "loss": round(loss.item(), 4),
+            "tokens_seen": tokens_seen,
+            "elapsed_s": round(elapsed + time.perf_counter() - t0, 1),
+        }
         if step % cfg.eval_every == 0 or step == total:
             last_eval = rec["heldout_loss"] = heldout_loss()
         log.write(json.dumps(rec) + "\n")
@@ -215,11 +241,19 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
     bar.close()
     checkpoint()
     elapsed += time.perf_counter() - t0
-    summary = {"kind": "seq-twin" if cfg.twin else "aspd", "steps": step, "total_steps": total,
-               "train_examples": len(train_seqs), "heldout_examples": len(held_seqs),
-               "tokens_seen": tokens_seen, "wall_s": round(elapsed, 1), "heldout_loss": heldout_loss(),
-               "trainable_params": sum(p.numel() for p in adapter.parameters()), "done": step >= total,
-               "config": asdict(cfg)}
+    summary = {
+        "kind": "seq-twin" if cfg.twin else "aspd",
+        "steps": step,
+        "total_steps": total,
+        "train_examples": len(train_seqs),
+        "heldout_examples": len(held_seqs),
+        "tokens_seen": tokens_seen,
+        "wall_s": round(elapsed, 1),
+        "heldout_loss": heldout_loss(),
+        "trainable_params": sum(p.numel() for p in adapter.parameters()),
+        "done": step >= total,
+        "config": asdict(cfg),
+    }
     if summary["done"]:
         export_adapter(adapter, base_arg, out_dir, summary, tok if new_tokens else None)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

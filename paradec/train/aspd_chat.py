@@ -53,12 +53,21 @@ def read_answers(path: Path, tokenizer) -> list[tuple[str, str]]:
             out.append((str(rec["question_id"]), tokenizer.decode(rec["answer_ids"], skip_special_tokens=True)))
             continue
         try:
-            out.append((str(rec["question_id"]), str(rec["choices"][0]["turns"][0]["content"]
-                                                      if isinstance(rec["choices"][0]["turns"][0], dict)
-                                                      else rec["choices"][0]["turns"][0])))
+            out.append(
+                (
+                    str(rec["question_id"]),
+                    str(
+                        rec["choices"][0]["turns"][0]["content"]
+                        if isinstance(rec["choices"][0]["turns"][0], dict)
+                        else rec["choices"][0]["turns"][0]
+                    ),
+                )
+            )
         except (KeyError, IndexError, TypeError):
-            raise ParadecError(f"{path}: a record has neither answer_ids nor choices[0].turns[0]; "
-                               "pass FastChat model_answer files or paradec's self-answers") from None
+            raise ParadecError(
+                f"{path}: a record has neither answer_ids nor choices[0].turns[0]; "
+                "pass FastChat model_answer files or paradec's self-answers"
+            ) from None
     return out
 
 
@@ -74,9 +83,15 @@ def _fit(text: str, groups: list[Group], budget: int, count) -> tuple[str, list[
     return None
 
 
-def chat_examples(questions_path: str | Path, answer_paths: list[str | Path], tokenizer, end_of_turn: str,
-                  max_tokens: int = 512, max_prompt_tokens: int = 192, min_branches: int = 2,
-                  ) -> tuple[list[ChatExample], list[ChatExample], dict]:
+def chat_examples(
+    questions_path: str | Path,
+    answer_paths: list[str | Path],
+    tokenizer,
+    end_of_turn: str,
+    max_tokens: int = 512,
+    max_prompt_tokens: int = 192,
+    min_branches: int = 2,
+) -> tuple[list[ChatExample], list[ChatExample], dict]:
     """(train, held-out, stats): one example per answer that has a group of at least
     ``min_branches`` branches and whose prompt fits ``max_prompt_tokens``."""
     questions = dict(load_questions(questions_path))
@@ -110,18 +125,26 @@ def chat_examples(questions_path: str | Path, answer_paths: list[str | Path], to
             text, groups, complete = fit
             stats["cut"] += not complete
             end = end_of_turn if complete else ""
-            ex = ChatExample(qid, path.stem, prompt_ids,
-                             list(tokenizer(mark_up(text, groups) + end, add_special_tokens=False).input_ids),
-                             list(tokenizer(text + end, add_special_tokens=False).input_ids),
-                             len(groups), sum(len(g.branches) for g in groups))
+            ex = ChatExample(
+                qid,
+                path.stem,
+                prompt_ids,
+                list(tokenizer(mark_up(text, groups) + end, add_special_tokens=False).input_ids),
+                list(tokenizer(text + end, add_special_tokens=False).input_ids),
+                len(groups),
+                sum(len(g.branches) for g in groups),
+            )
             (held if is_heldout(qid) else train).append(ex)
     stats["examples"] = len(train) + len(held)
     for name, exs in (("train", train), ("heldout", held)):
-        stats[name] = {"examples": len(exs), "groups": sum(e.groups for e in exs),
-                       "branches": sum(e.branches for e in exs),
-                       "answer_tokens_marked": sum(len(e.marked) for e in exs),
-                       "answer_tokens_plain": sum(len(e.plain) for e in exs),
-                       "prompt_tokens": sum(len(e.prompt) for e in exs)}
+        stats[name] = {
+            "examples": len(exs),
+            "groups": sum(e.groups for e in exs),
+            "branches": sum(e.branches for e in exs),
+            "answer_tokens_marked": sum(len(e.marked) for e in exs),
+            "answer_tokens_plain": sum(len(e.plain) for e in exs),
+            "prompt_tokens": sum(len(e.prompt) for e in exs),
+        }
     return train, held, stats
 
 
@@ -129,6 +152,7 @@ def save_examples(path: Path, train: list[ChatExample], held: list[ChatExample],
     from dataclasses import asdict
 
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"train": [asdict(e) for e in train], "heldout": [asdict(e) for e in held],
-                               "stats": stats}))
+    tmp.write_text(
+        json.dumps({"train": [asdict(e) for e in train], "heldout": [asdict(e) for e in held], "stats": stats})
+    )
     tmp.replace(path)

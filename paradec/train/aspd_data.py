@@ -35,8 +35,9 @@ def _line_end(text: str, pos: int) -> int:
     return len(text) if end < 0 else end + 1
 
 
-def examples_from_sources(sources: list[str], tokenizer, max_tokens: int = 512, before: int = 600,
-                          after: int = 200) -> list[Example]:
+def examples_from_sources(
+    sources: list[str], tokenizer, max_tokens: int = 512, before: int = 600, after: int = 200
+) -> list[Example]:
     """One example per accepted group (at most ``max_tokens`` marked tokens). A group too long
     for one window gives one example per run of >= 2 consecutive branches that fits (any run of
     an independent group is independent, and the branches after it do not use it), so large
@@ -76,8 +77,13 @@ def _example(source: str, branches, tokenizer, max_tokens: int, before: int, aft
     return Example(list(marked), list(tokenizer(window, add_special_tokens=False).input_ids))
 
 
-def collate(seqs: list[list[int]], branch_open: int | None, branch_close: int | None, pad: int = 0,
-            loss_from: list[int] | None = None):
+def collate(
+    seqs: list[list[int]],
+    branch_open: int | None,
+    branch_close: int | None,
+    pad: int = 0,
+    loss_from: list[int] | None = None,
+):
     """-> inputs [b, T], labels [b, T] (-100 on padding and on the first ``loss_from[b]``
     tokens' targets), positions [b, T], mask [b, 1, T, T].
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paradec.engine import load
 from paradec.config import ModelConfig
+from paradec.engine import load
 from paradec.models import load_model, save_model
 from paradec.train.corpus import load_or_encode
 from paradec.train.lm import StreamBatches, TrainConfig, evaluate, export, train_lm
@@ -34,8 +34,9 @@ MATCH_TOKENS = 4
 
 def ssm_config(target: ModelConfig) -> ModelConfig:
     """1 layer, d256, 4 heads of 64, SwiGLU 704, tied embeddings: ~2.9M parameters."""
-    return replace(target, hidden_size=256, intermediate_size=704, num_layers=1, num_heads=4,
-                   num_kv_heads=4, head_dim=64)
+    return replace(
+        target, hidden_size=256, intermediate_size=704, num_layers=1, num_heads=4, num_kv_heads=4, head_dim=64
+    )
 
 
 class DistillBatches:
@@ -52,18 +53,19 @@ class DistillBatches:
         return x, y
 
 
-def continuation_samples(engine, stream: np.ndarray, n: int, ctx_len: int, cont_len: int, seed: int,
-                         path: Path, batch: int = 64) -> np.ndarray:
+def continuation_samples(
+    engine, stream: np.ndarray, n: int, ctx_len: int, cont_len: int, seed: int, path: Path, batch: int = 64
+) -> np.ndarray:
     """[n, ctx_len + cont_len]: random contexts + the target's greedy continuation (cached)."""
     if path.exists():
         return np.load(path)
     rng = np.random.default_rng(seed)
     starts = rng.integers(0, len(stream) - ctx_len, n)
-    contexts = [stream[s: s + ctx_len].astype(np.int64).tolist() for s in starts]
+    contexts = [stream[s : s + ctx_len].astype(np.int64).tolist() for s in starts]
     out = []
     for i in range(0, n, batch):
-        gens = engine.generate(contexts[i: i + batch], max_new_tokens=cont_len, ignore_eos=True)
-        out += [c + g.token_ids for c, g in zip(contexts[i: i + batch], gens)]
+        gens = engine.generate(contexts[i : i + batch], max_new_tokens=cont_len, ignore_eos=True)
+        out += [c + g.token_ids for c, g in zip(contexts[i : i + batch], gens)]
     arr = np.asarray(out, dtype=np.int64)
     np.save(path.with_suffix(".tmp.npy"), arr)
     path.with_suffix(".tmp.npy").replace(path)
@@ -74,9 +76,9 @@ def matches(engine, samples: np.ndarray, ctx_len: int, batch: int = 256) -> np.n
     """[n] bool: the model's first MATCH_TOKENS greedy tokens equal the sample's continuation."""
     out = []
     for i in range(0, len(samples), batch):
-        chunk = samples[i: i + batch]
+        chunk = samples[i : i + batch]
         gens = engine.generate([r[:ctx_len].tolist() for r in chunk], max_new_tokens=MATCH_TOKENS, ignore_eos=True)
-        out += [g.token_ids == r[ctx_len: ctx_len + MATCH_TOKENS].tolist() for g, r in zip(gens, chunk)]
+        out += [g.token_ids == r[ctx_len : ctx_len + MATCH_TOKENS].tolist() for g, r in zip(gens, chunk)]
     return np.asarray(out, dtype=bool)
 
 
@@ -95,9 +97,18 @@ def step_ms(model, reps: int = 50) -> float:
     return 1000 * float(np.median(times))
 
 
-def train_ssm_pool(target_dir: str | Path, out_root: str | Path, run_dir: str | Path, num_ssms: int = 3,
-                   n_train: int = 4000, n_heldout: int = 400, ctx_len: int = 96, cont_len: int = 32,
-                   pretrain: TrainConfig | None = None, distill: TrainConfig | None = None) -> dict:
+def train_ssm_pool(
+    target_dir: str | Path,
+    out_root: str | Path,
+    run_dir: str | Path,
+    num_ssms: int = 3,
+    n_train: int = 4000,
+    n_heldout: int = 400,
+    ctx_len: int = 96,
+    cont_len: int = 32,
+    pretrain: TrainConfig | None = None,
+    distill: TrainConfig | None = None,
+) -> dict:
     """The code model's pool: stdlib contexts continued greedily by the target."""
     run_dir = Path(run_dir)
     (run_dir / "boost").mkdir(parents=True, exist_ok=True)
@@ -107,17 +118,46 @@ def train_ssm_pool(target_dir: str | Path, out_root: str | Path, run_dir: str | 
     t0 = time.perf_counter()
     train = continuation_samples(target, train_stream, n_train, ctx_len, cont_len, 1, run_dir / "boost/train.npy")
     held = continuation_samples(target, heldout_stream, n_heldout, ctx_len, cont_len, 2, run_dir / "boost/heldout.npy")
-    report = {"target": str(target_dir), "samples_train": n_train, "samples_heldout": n_heldout,
-              "generation_s": round(time.perf_counter() - t0, 1)}
-    return boost_pool(target, ssm_config(target.model.config), StreamBatches(train_stream),
-                      StreamBatches(heldout_stream).fixed(16, 16, 256), train, held, ctx_len, out_root, run_dir,
-                      num_ssms, pretrain, distill, report=report)
+    report = {
+        "target": str(target_dir),
+        "samples_train": n_train,
+        "samples_heldout": n_heldout,
+        "generation_s": round(time.perf_counter() - t0, 1),
+    }
+    return boost_pool(
+        target,
+        ssm_config(target.model.config),
+        StreamBatches(train_stream),
+        StreamBatches(heldout_stream).fixed(16, 16, 256),
+        train,
+        held,
+        ctx_len,
+        out_root,
+        run_dir,
+        num_ssms,
+        pretrain,
+        distill,
+        report=report,
+    )
 
 
-def boost_pool(target, cfg: ModelConfig, pretrain_data, held_lm: list, train: np.ndarray, held: np.ndarray,
-               ctx_len: int, out_root: str | Path, run_dir: str | Path, num_ssms: int,
-               pretrain: TrainConfig | None = None, distill: TrainConfig | None = None,
-               init_state: dict | None = None, save_tokenizer: bool = True, report: dict | None = None) -> dict:
+def boost_pool(
+    target,
+    cfg: ModelConfig,
+    pretrain_data,
+    held_lm: list,
+    train: np.ndarray,
+    held: np.ndarray,
+    ctx_len: int,
+    out_root: str | Path,
+    run_dir: str | Path,
+    num_ssms: int,
+    pretrain: TrainConfig | None = None,
+    distill: TrainConfig | None = None,
+    init_state: dict | None = None,
+    save_tokenizer: bool = True,
+    report: dict | None = None,
+) -> dict:
     """Collective boost-tuning: pretrain a base SSM on ``pretrain_data``, then SSM_i fine-tuned
     from it on the (context, target continuation) samples SSM_1..SSM_{i-1} did not match.
 
@@ -129,21 +169,30 @@ def boost_pool(target, cfg: ModelConfig, pretrain_data, held_lm: list, train: np
     run_dir, out_root = Path(run_dir), Path(out_root)
     t0 = time.perf_counter()
     tok = target.tokenizer
-    pretrain = pretrain or TrainConfig(seq_len=128, batch_size=32, lr=2e-3, min_lr=2e-4, max_steps=800,
-                                       warmup_steps=50, eval_every=200)
+    pretrain = pretrain or TrainConfig(
+        seq_len=128, batch_size=32, lr=2e-3, min_lr=2e-4, max_steps=800, warmup_steps=50, eval_every=200
+    )
     base = train_lm(cfg, pretrain_data, held_lm, run_dir / "ssm_base", pretrain, init_state=init_state)
     base_state = base.pop("model").state_dict()
-    distill = distill or TrainConfig(seq_len=train.shape[1] - 1, batch_size=32, lr=1e-3, min_lr=1e-4,
-                                     max_steps=300, warmup_steps=20, eval_every=100)
+    distill = distill or TrainConfig(
+        seq_len=train.shape[1] - 1, batch_size=32, lr=1e-3, min_lr=1e-4, max_steps=300, warmup_steps=20, eval_every=100
+    )
     held_distill = [DistillBatches(held, ctx_len).sample(50, 0, np.random.default_rng(i)) for i in range(4)]
     remaining = train
-    report = {**(report or {}), "samples_train": int(len(train)), "samples_heldout": int(len(held)),
-              "ctx_len": ctx_len, "cont_len": int(train.shape[1] - ctx_len),
-              "base": {k: v for k, v in base.items()}, "ssms": []}
+    report = {
+        **(report or {}),
+        "samples_train": int(len(train)),
+        "samples_heldout": int(len(held)),
+        "ctx_len": ctx_len,
+        "cont_len": int(train.shape[1] - ctx_len),
+        "base": {k: v for k, v in base.items()},
+        "ssms": [],
+    }
     held_hits = []
     for i in range(1, num_ssms + 1):
-        summary = train_lm(cfg, DistillBatches(remaining, ctx_len), held_distill, run_dir / f"ssm{i}", distill,
-                           init_state=base_state)
+        summary = train_lm(
+            cfg, DistillBatches(remaining, ctx_len), held_distill, run_dir / f"ssm{i}", distill, init_state=base_state
+        )
         model = summary.pop("model")
         out_dir = out_root / f"ssm{i}"
         if save_tokenizer:
@@ -153,10 +202,15 @@ def boost_pool(target, cfg: ModelConfig, pretrain_data, held_lm: list, train: np
         ssm = Engine(load_model(out_dir, torch.bfloat16), tok)
         hit_train = matches(ssm, remaining, ctx_len)
         held_hits.append(matches(ssm, held, ctx_len))
-        rec = {"name": f"ssm{i}", "trained_on": int(len(remaining)), "matched_own_train": float(hit_train.mean()),
-               "heldout_match_4": float(held_hits[-1].mean()),
-               "heldout_ppl_pretrain_text": round(math.exp(evaluate(model, held_lm)), 3),
-               "distill": summary, "params": sum(p.numel() for p in model.parameters())}
+        rec = {
+            "name": f"ssm{i}",
+            "trained_on": int(len(remaining)),
+            "matched_own_train": float(hit_train.mean()),
+            "heldout_match_4": float(held_hits[-1].mean()),
+            "heldout_ppl_pretrain_text": round(math.exp(evaluate(model, held_lm)), 3),
+            "distill": summary,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
         report["ssms"].append(rec)
         remaining = remaining[~hit_train]
         if len(remaining) < 64:

@@ -34,13 +34,20 @@ def load_questions(path: str | Path) -> list[tuple[str, str]]:
             rec = json.loads(line)
             out.append((str(rec["question_id"]), str(rec["turns"][0])))
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise ParadecError(f"{path}:{n} is not a question record with question_id and turns; "
-                               "pass a FastChat question.jsonl") from None
+            raise ParadecError(
+                f"{path}:{n} is not a question record with question_id and turns; pass a FastChat question.jsonl"
+            ) from None
     return out
 
 
-def self_answers(engine, questions: list[tuple[str, str]], out_path: str | Path, max_new_tokens: int = 256,
-                 max_prompt_tokens: int = 384, batch: int = 16) -> list[dict]:
+def self_answers(
+    engine,
+    questions: list[tuple[str, str]],
+    out_path: str | Path,
+    max_new_tokens: int = 256,
+    max_prompt_tokens: int = 384,
+    batch: int = 16,
+) -> list[dict]:
     """The target's greedy answers, one jsonl record per question: ``question_id``,
     ``prompt_ids`` (chat template applied), ``answer_ids``, ``finish_reason``. Questions whose
     prompt is longer than ``max_prompt_tokens`` are skipped. Resumable."""
@@ -55,11 +62,20 @@ def self_answers(engine, questions: list[tuple[str, str]], out_path: str | Path,
     todo.sort(key=lambda q: len(q[1]))  # similar lengths share a batch: less padding
     with open(out_path, "a") as f:
         for i in tqdm(range(0, len(todo), batch), desc="self-answers", unit="batch", dynamic_ncols=True):
-            chunk = todo[i: i + batch]
+            chunk = todo[i : i + batch]
             gens = engine.generate([ids for _, ids in chunk], max_new_tokens=max_new_tokens)
             for (qid, ids), g in zip(chunk, gens):
-                f.write(json.dumps({"question_id": qid, "prompt_ids": ids, "answer_ids": g.token_ids,
-                                    "finish_reason": g.finish_reason}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "question_id": qid,
+                            "prompt_ids": ids,
+                            "answer_ids": g.token_ids,
+                            "finish_reason": g.finish_reason,
+                        }
+                    )
+                    + "\n"
+                )
             f.flush()
     return read_jsonl(out_path)
 
@@ -84,7 +100,7 @@ def answer_windows(records: list[dict], ctx_len: int, cont_len: int, stride: int
         seq = rec["prompt_ids"] + rec["answer_ids"]
         first = max(len(rec["prompt_ids"]), ctx_len)  # where the first continuation may start
         for start in range(first, len(seq) - cont_len + 1, stride):
-            out.append(seq[start - ctx_len: start + cont_len])
+            out.append(seq[start - ctx_len : start + cont_len])
     return np.asarray(out, dtype=np.int64).reshape(-1, ctx_len + cont_len)
 
 
@@ -101,8 +117,9 @@ def chat_conversations(tokenizer, answer_files: list[str | Path], questions: dic
                 continue
             if q is None or not isinstance(answer, str):
                 continue
-            text = tokenizer.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": answer}],
-                                                 tokenize=False)
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}, {"role": "assistant", "content": answer}], tokenize=False
+            )
             out.append(tokenizer(text, add_special_tokens=False).input_ids)
     return out
 
@@ -110,5 +127,6 @@ def chat_conversations(tokenizer, answer_files: list[str | Path], questions: dic
 def chat_stream(tokenizer, answer_files: list[str | Path], questions: dict[str, str]) -> np.ndarray:
     """Other models' answers to ``questions`` as one token stream: the chat conversations
     (``chat_conversations``) concatenated."""
-    return np.asarray([t for conv in chat_conversations(tokenizer, answer_files, questions) for t in conv],
-                      dtype=np.int64)
+    return np.asarray(
+        [t for conv in chat_conversations(tokenizer, answer_files, questions) for t in conv], dtype=np.int64
+    )

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from paradec.engine import load
 from paradec.config import ModelConfig
+from paradec.engine import load
 from paradec.errors import ParadecError
 from paradec.train.boost import boost_pool
 from paradec.train.chat_data import answer_windows, chat_stream, load_questions, self_answers
@@ -35,8 +35,19 @@ HELD_OUT_EVERY = 10  # crc32(question_id) % 10 == 0: held out
 def ssm_config(target: ModelConfig) -> ModelConfig:
     """2 layers, d192, 3 heads of 64 (3 KV heads), SwiGLU 512, tied embeddings: ~10.3M
     parameters, 9.4M of them the vocabulary matrix."""
-    return replace(target, hidden_size=192, intermediate_size=512, num_layers=2, num_heads=3, num_kv_heads=3,
-                   head_dim=64, qkv_bias=False, o_bias=False, mlp_bias=False, tie_word_embeddings=True)
+    return replace(
+        target,
+        hidden_size=192,
+        intermediate_size=512,
+        num_layers=2,
+        num_heads=3,
+        num_kv_heads=3,
+        head_dim=64,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=True,
+    )
 
 
 def pca_embedding(embed: torch.Tensor, dim: int) -> torch.Tensor:
@@ -61,13 +72,25 @@ def target_answers(target, questions_path: str | Path, run_dir: Path, max_new_to
         raise ParadecError(f"{questions_path} has no questions")
     records = self_answers(target, questions, run_dir / "answers.jsonl", max_new_tokens)
     held_ids = {q[0] for q in split(questions)[1]}
-    return ([r for r in records if r["question_id"] not in held_ids],
-            [r for r in records if r["question_id"] in held_ids])
+    return (
+        [r for r in records if r["question_id"] not in held_ids],
+        [r for r in records if r["question_id"] in held_ids],
+    )
 
 
-def train_chat_ssms(target_dir: str | Path, out_root: str | Path, run_dir: str | Path, questions_path: str | Path,
-                    answer_files: list[str | Path], num_ssms: int = 2, ctx_len: int = 64, cont_len: int = 32,
-                    stride: int = 8, pretrain_steps: int = 500, distill_steps: int = 250) -> dict:
+def train_chat_ssms(
+    target_dir: str | Path,
+    out_root: str | Path,
+    run_dir: str | Path,
+    questions_path: str | Path,
+    answer_files: list[str | Path],
+    num_ssms: int = 2,
+    ctx_len: int = 64,
+    cont_len: int = 32,
+    stride: int = 8,
+    pretrain_steps: int = 500,
+    distill_steps: int = 250,
+) -> dict:
     run_dir = Path(run_dir)
     target = load(target_dir, dtype="bf16")
     train_recs, held_recs = target_answers(target, questions_path, run_dir)
@@ -79,20 +102,56 @@ def train_chat_ssms(target_dir: str | Path, out_root: str | Path, run_dir: str |
     stream = chat_stream(hf, answer_files, {k: v for k, v in questions.items() if k not in held_ids})
     held_stream = chat_stream(hf, answer_files, {k: v for k, v in questions.items() if k in held_ids})
     if len(stream) < 10_000 or len(held_stream) < 2_000:
-        raise ParadecError("the answer files give too little pretraining text for the SSMs (need answers to the "
-                           "questions in questions=); pass answers=FILE ... (FastChat model_answer jsonl)")
+        raise ParadecError(
+            "the answer files give too little pretraining text for the SSMs (need answers to the "
+            "questions in questions=); pass answers=FILE ... (FastChat model_answer jsonl)"
+        )
     cfg = ssm_config(target.model.config)
     init = _init_state(cfg, target.model.embed.weight.detach())
-    pretrain = TrainConfig(seq_len=128, batch_size=16, lr=2e-3, min_lr=2e-4, max_steps=pretrain_steps,
-                           warmup_steps=30, eval_every=100, eval_batches=8)
-    distill = TrainConfig(seq_len=ctx_len + cont_len - 1, batch_size=32, lr=1e-3, min_lr=1e-4,
-                          max_steps=distill_steps, warmup_steps=20, eval_every=100)
-    report = {"target": Path(target_dir).name, "questions": Path(questions_path).name,
-              "answers_train": len(train_recs), "answers_heldout": len(held_recs),
-              "pretrain_tokens": int(len(stream)), "answer_files": [Path(a).name for a in answer_files]}
-    return boost_pool(target, cfg, StreamBatches(stream), StreamBatches(held_stream).fixed(8, 16, 128), train, held,
-                      ctx_len, out_root, run_dir, num_ssms, pretrain, distill, init_state=init,
-                      save_tokenizer=False, report=report)
+    pretrain = TrainConfig(
+        seq_len=128,
+        batch_size=16,
+        lr=2e-3,
+        min_lr=2e-4,
+        max_steps=pretrain_steps,
+        warmup_steps=30,
+        eval_every=100,
+        eval_batches=8,
+    )
+    distill = TrainConfig(
+        seq_len=ctx_len + cont_len - 1,
+        batch_size=32,
+        lr=1e-3,
+        min_lr=1e-4,
+        max_steps=distill_steps,
+        warmup_steps=20,
+        eval_every=100,
+    )
+    report = {
+        "target": Path(target_dir).name,
+        "questions": Path(questions_path).name,
+        "answers_train": len(train_recs),
+        "answers_heldout": len(held_recs),
+        "pretrain_tokens": int(len(stream)),
+        "answer_files": [Path(a).name for a in answer_files],
+    }
+    return boost_pool(
+        target,
+        cfg,
+        StreamBatches(stream),
+        StreamBatches(held_stream).fixed(8, 16, 128),
+        train,
+        held,
+        ctx_len,
+        out_root,
+        run_dir,
+        num_ssms,
+        pretrain,
+        distill,
+        init_state=init,
+        save_tokenizer=False,
+        report=report,
+    )
 
 
 def _init_state(cfg: ModelConfig, target_embed: torch.Tensor) -> dict:
@@ -106,19 +165,38 @@ def _init_state(cfg: ModelConfig, target_embed: torch.Tensor) -> dict:
     return model.state_dict()
 
 
-def train_chat_heads(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, questions_path: str | Path,
-                     num_heads: int = 4, early_layer: int | None = None, epochs: int = 2, batch: int = 512) -> dict:
+def train_chat_heads(
+    target_dir: str | Path,
+    out_dir: str | Path,
+    run_dir: str | Path,
+    questions_path: str | Path,
+    num_heads: int = 4,
+    early_layer: int | None = None,
+    epochs: int = 2,
+    batch: int = 512,
+) -> dict:
     run_dir = Path(run_dir)
     target = load(target_dir, dtype="bf16")
     train_recs, held_recs = target_answers(target, questions_path, run_dir)
 
     def spans(recs):
         seqs = [r["prompt_ids"] + r["answer_ids"] for r in recs if len(r["answer_ids"]) > 1]
-        return seqs, [(len(s) - len(r["answer_ids"]) - 1, len(s) - 1) for s, r in
-                      zip(seqs, [r for r in recs if len(r["answer_ids"]) > 1])]
+        return seqs, [
+            (len(s) - len(r["answer_ids"]) - 1, len(s) - 1)
+            for s, r in zip(seqs, [r for r in recs if len(r["answer_ids"]) > 1])
+        ]
 
-    meta = fit_heads(target.model, spans(train_recs), spans(held_recs), out_dir, num_heads, early_layer, epochs,
-                     batch=batch, cache=run_dir / "heads_features.pt")
+    meta = fit_heads(
+        target.model,
+        spans(train_recs),
+        spans(held_recs),
+        out_dir,
+        num_heads,
+        early_layer,
+        epochs,
+        batch=batch,
+        cache=run_dir / "heads_features.pt",
+    )
     meta["answers_train"], meta["answers_heldout"] = len(train_recs), len(held_recs)
     tmp = Path(out_dir) / "heads.json.tmp"
     tmp.write_text(json.dumps(meta, indent=2) + "\n")

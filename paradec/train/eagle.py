@@ -95,7 +95,7 @@ def cached_features(model, seqs: list[list[int]], path: Path) -> tuple[list[torc
         store = {"format": FEATURES_FORMAT, "seqs": {}}
     todo = [s for s in dict.fromkeys(map(tuple, seqs)) if seq_key(s) not in store["seqs"]]
     for chunk in range(0, len(todo), 200):  # saved every 200 sequences: an interrupted run keeps them
-        part = [list(s) for s in todo[chunk: chunk + 200]]
+        part = [list(s) for s in todo[chunk : chunk + 200]]
         for s, f, lab in zip(part, *features(model, part)):
             store["seqs"][seq_key(s)] = (f, lab)
         save_atomic(store, path)
@@ -139,14 +139,21 @@ def ttt_predict(head: EagleHead, embed, f_in: torch.Tensor, x_in: torch.Tensor, 
             span = k * width
             out = head(torch.cat(inputs, 1), x_in.repeat(1, k), pos.repeat(1, k), embed, mask[..., :span, :span])
             fed = f_in.new_zeros(b, width, hidden)
-            fed[:, 1:] = out[:, span - width: span - 1]  # step k-1's prediction for position t
+            fed[:, 1:] = out[:, span - width : span - 1]  # step k-1's prediction for position t
             inputs.append(fed)
     return head(torch.cat(inputs, 1), x_in.repeat(1, steps), pos.repeat(1, steps), embed, mask)
 
 
-def _batch_loss(head: EagleHead, embed, lm_w: torch.Tensor, seqs: list[list[int]], feats: list[torch.Tensor],
-                labels: list[torch.Tensor], cls_weight: float, steps: int = 1
-                ) -> tuple[torch.Tensor, list[float], list[int]]:
+def _batch_loss(
+    head: EagleHead,
+    embed,
+    lm_w: torch.Tensor,
+    seqs: list[list[int]],
+    feats: list[torch.Tensor],
+    labels: list[torch.Tensor],
+    cls_weight: float,
+    steps: int = 1,
+) -> tuple[torch.Tensor, list[float], list[int]]:
     """lm_w [K, hidden]: the LM head rows of the draft vocabulary -> (loss, teacher-forced top-1
     hits per step (the head's first guess is the target's greedy token), positions per step).
 
@@ -167,9 +174,9 @@ def _batch_loss(head: EagleHead, embed, lm_w: torch.Tensor, seqs: list[list[int]
     for i, (s, f, lab) in enumerate(zip(seqs, feats, labels)):
         n = len(s) - 1  # pairs (f_t, x_{t+1}), t = 0 .. n-1
         f_in[i, :n] = f[:n].float()
-        f_out[i, :n] = f[1:n + 1].float()
+        f_out[i, :n] = f[1 : n + 1].float()
         x_in[i, :n] = torch.tensor(s[1:])
-        y[i, :n] = lab[1:n + 1].long()
+        y[i, :n] = lab[1 : n + 1].long()
         valid[i, :n] = True
     with torch.autocast("cpu", dtype=torch.bfloat16):
         pred = ttt_predict(head, embed, f_in, x_in, steps)  # [b, steps * width, hidden]
@@ -181,8 +188,8 @@ def _batch_loss(head: EagleHead, embed, lm_w: torch.Tensor, seqs: list[list[int]
         here = valid.clone()
         here[:, :k] = False  # no step-k input before position k
         sel = here[valid]  # [positions]: which of the target rows this step predicts
-        lg = logits[:, k * width: (k + 1) * width][here].float()  # [positions', K]
-        reg = F.smooth_l1_loss(pred[:, k * width: (k + 1) * width].float()[here], f_out[here])
+        lg = logits[:, k * width : (k + 1) * width][here].float()  # [positions', K]
+        reg = F.smooth_l1_loss(pred[:, k * width : (k + 1) * width].float()[here], f_out[here])
         cls = -(p[sel] * lg.log_softmax(-1)).sum(-1).mean()
         loss = loss + (reg + cls_weight * cls) / steps
         guess = lg.argmax(-1)
@@ -193,8 +200,9 @@ def _batch_loss(head: EagleHead, embed, lm_w: torch.Tensor, seqs: list[list[int]
     return loss, hits, counts
 
 
-def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, questions_path: str | Path,
-                cfg: EagleTrainConfig) -> dict:
+def train_eagle(
+    target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, questions_path: str | Path, cfg: EagleTrainConfig
+) -> dict:
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     target = load(target_dir, dtype="bf16")
@@ -210,8 +218,11 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     if cfg.answers:
         held_ids = {r["question_id"] for r in held_recs}
         questions = {q: text for q, text in load_questions(questions_path) if q not in held_ids}
-        train += [conv[: cfg.max_len] for conv in chat_conversations(target.tokenizer.hf, list(cfg.answers), questions)
-                  if len(conv) > 3]
+        train += [
+            conv[: cfg.max_len]
+            for conv in chat_conversations(target.tokenizer.hf, list(cfg.answers), questions)
+            if len(conv) > 3
+        ]
     cache = run_dir / "eagle_features.pt"
     feats, labels = cached_features(target.model, train + held, cache)  # one load and save of the store
     n_train = len(train)
@@ -234,28 +245,35 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     total = max(1, int(cfg.epochs * per_epoch))
     state_path = run_dir / "eagle_state.pt"
     step, elapsed = 0, 0.0
-    run_key = [cfg.draft_vocab, len(train), total, cfg.init] + ([cfg.ttt_steps] if cfg.ttt_steps > 1 else [])  # a resumed run must be this run
+    run_key = [cfg.draft_vocab, len(train), total, cfg.init] + (
+        [cfg.ttt_steps] if cfg.ttt_steps > 1 else []
+    )  # a resumed run must be this run
     st = torch.load(state_path, weights_only=False) if state_path.exists() else None
     finished = st is not None and st.get("run_key") is not None and st["step"] >= st["run_key"][2]
     if st is not None and st.get("run_key") != run_key and not finished:
-        raise ParadecError(f"{state_path} holds an unfinished run with other data, epochs or draft vocabulary; rerun "
-                           "that one to finish it, or pass a new --run-dir (or delete that file to start over)")
+        raise ParadecError(
+            f"{state_path} holds an unfinished run with other data, epochs or draft vocabulary; rerun "
+            "that one to finish it, or pass a new --run-dir (or delete that file to start over)"
+        )
     if st is not None and st.get("run_key") == run_key:  # resume; a finished other run's state is replaced
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
 
     def save_state(seconds: float) -> None:
-        save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "run_key": run_key,
-                     "elapsed": seconds}, state_path)
+        save_atomic(
+            {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "run_key": run_key, "elapsed": seconds},
+            state_path,
+        )
 
     @torch.no_grad()
     def heldout() -> dict:
         hits, n = np.zeros(cfg.ttt_steps), np.zeros(cfg.ttt_steps)
         losses = []
         for i in range(0, len(held), 8):
-            loss, h, k = _batch_loss(head, embed, lm_w, held[i: i + 8], f_held[i: i + 8], l_held[i: i + 8],
-                                     cfg.cls_weight, cfg.ttt_steps)
+            loss, h, k = _batch_loss(
+                head, embed, lm_w, held[i : i + 8], f_held[i : i + 8], l_held[i : i + 8], cfg.cls_weight, cfg.ttt_steps
+            )
             losses.append(loss.item())
             hits, n = hits + h, n + k
         top1 = [round(float(h / max(1, k)), 4) for h, k in zip(hits, n)]
@@ -270,18 +288,32 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     bar = tqdm(total=total, initial=step, desc="eagle", unit="step", dynamic_ncols=True)
     while step < total and time.perf_counter() - t0 < budget:
         epoch, k = divmod(step, per_epoch)
-        idx = np.random.default_rng(cfg.seed + epoch).permutation(len(train))[k * cfg.batch_seqs: (k + 1) * cfg.batch_seqs]
+        idx = np.random.default_rng(cfg.seed + epoch).permutation(len(train))[
+            k * cfg.batch_seqs : (k + 1) * cfg.batch_seqs
+        ]
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, total, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-        loss, hits, n = _batch_loss(head, embed, lm_w, [train[i] for i in idx], [f_train[i] for i in idx],
-                                    [l_train[i] for i in idx], cfg.cls_weight, cfg.ttt_steps)
+        loss, hits, n = _batch_loss(
+            head,
+            embed,
+            lm_w,
+            [train[i] for i in idx],
+            [f_train[i] for i in idx],
+            [l_train[i] for i in idx],
+            cfg.cls_weight,
+            cfg.ttt_steps,
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        rec = {"step": step, "loss": round(loss.item(), 4), "top1": round(hits[0] / max(1, n[0]), 4),
-               "elapsed_s": round(elapsed + time.perf_counter() - t0, 1)}
+        rec = {
+            "step": step,
+            "loss": round(loss.item(), 4),
+            "top1": round(hits[0] / max(1, n[0]), 4),
+            "elapsed_s": round(elapsed + time.perf_counter() - t0, 1),
+        }
         if step % per_epoch == 0 or step == total:
             rec.update(heldout())
         log.write(json.dumps(rec) + "\n")
@@ -293,11 +325,21 @@ def train_eagle(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     bar.close()
     elapsed += time.perf_counter() - t0
     save_state(elapsed)
-    summary = {"steps": step, "total_steps": total, "done": step >= total, "train_sequences": len(train),
-               "train_sequences_target": own, "draft_vocab": None if head.vocab is None else len(head.vocab),
-               "heldout_label_coverage": round(coverage, 4),
-               "heldout_sequences": len(held), "train_tokens": sum(map(len, train)), "wall_s": round(elapsed, 1),
-               **heldout(), "params": sum(p.numel() for p in head.parameters()), "config": asdict(cfg)}
+    summary = {
+        "steps": step,
+        "total_steps": total,
+        "done": step >= total,
+        "train_sequences": len(train),
+        "train_sequences_target": own,
+        "draft_vocab": None if head.vocab is None else len(head.vocab),
+        "heldout_label_coverage": round(coverage, 4),
+        "heldout_sequences": len(held),
+        "train_tokens": sum(map(len, train)),
+        "wall_s": round(elapsed, 1),
+        **heldout(),
+        "params": sum(p.numel() for p in head.parameters()),
+        "config": asdict(cfg),
+    }
     if summary["done"]:
         head.save(out_dir, summary)
         summary["accept_per_depth"] = acceptance_per_depth(target_dir, out_dir, held_recs, cfg)
@@ -311,8 +353,15 @@ def acceptance_per_depth(target_dir, head_dir: Path, held_recs: list[dict], cfg:
     token at depth d is accepted), d = 1..5 (over all steps: the chain is accepted to depth d)."""
     engine = load(target_dir, dtype="bf16", eagle=head_dir)
     prompts = [r["prompt_ids"] for r in held_recs[: cfg.accept_prompts]]
-    out = engine.generate(prompts, method="eagle", max_new_tokens=cfg.accept_tokens, eagle_topk=1, eagle_depth=5,
-                          tree_nodes=5, ignore_eos=True)
+    out = engine.generate(
+        prompts,
+        method="eagle",
+        max_new_tokens=cfg.accept_tokens,
+        eagle_topk=1,
+        eagle_depth=5,
+        tree_nodes=5,
+        ignore_eos=True,
+    )
     offered = [sum(g.stats.offered[d] for g in out if len(g.stats.offered) > d) for d in range(5)]
     reached = [sum(g.stats.reached[d] for g in out if len(g.stats.reached) > d) for d in range(5)]
     return [round(r / max(1, o), 4) for r, o in zip(reached, offered)]

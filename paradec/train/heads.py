@@ -43,8 +43,9 @@ class Positions:
 
 
 @torch.inference_mode()
-def features(model, seqs: list[list[int]], spans: list[tuple[int, int]], layer: int, num_heads: int,
-             max_tokens: int = 4096) -> Positions:
+def features(
+    model, seqs: list[list[int]], spans: list[tuple[int, int]], layer: int, num_heads: int, max_tokens: int = 4096
+) -> Positions:
     """Run the frozen target over ``seqs`` (batched by length) and keep positions t in
     ``spans[i] = (lo, hi)`` of each sequence (t predicts t+1)."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
@@ -66,7 +67,7 @@ def features(model, seqs: list[list[int]], spans: list[tuple[int, int]], layer: 
             seq = torch.tensor(seqs[j] + [-100] * (num_heads + 1))
             hns.append(h[r, lo:hi].to(torch.bfloat16))
             hms.append(h_m[r, lo:hi].to(torch.bfloat16))
-            labs.append(torch.stack([seq[t + 1: t + 2 + num_heads] for t in range(lo, hi)]))
+            labs.append(torch.stack([seq[t + 1 : t + 2 + num_heads] for t in range(lo, hi)]))
         i += len(chunk)
     return Positions(torch.cat(hns), torch.cat(hms), torch.cat(labs))
 
@@ -93,7 +94,7 @@ def accuracies(medusa, early, lm_head, data: Positions, batch: int = 2048) -> di
     hits = [[] for _ in medusa.blocks]
     ehits = []
     for i in range(0, len(data.labels), batch):
-        hn, hm, labels = data.hn[i: i + batch], data.hm[i: i + batch], data.labels[i: i + batch]
+        hn, hm, labels = data.hn[i : i + batch], data.hm[i : i + batch], data.labels[i : i + batch]
         for k, block in enumerate(medusa.blocks):
             valid = labels[:, 1 + k] != -100
             top = lm_head(block(hn[valid].float()).to(lm_head.weight.dtype)).topk(RANKS, -1).indices
@@ -102,15 +103,28 @@ def accuracies(medusa, early, lm_head, data: Positions, batch: int = 2048) -> di
         ehits.append(etop == labels[:, 0, None])
     hit = [torch.cat(h).float() for h in hits]
     ehit = torch.cat(ehits)
-    return {"rank_accuracy": [[round(float(h[:, r].mean()), 4) for r in range(RANKS)] for h in hit],
-            "top1": [round(float(h[:, 0].mean()), 4) for h in hit],
-            "top5": [round(float(h[:, :5].any(-1).float().mean()), 4) for h in hit],
-            "early_topk_recall": [round(float(ehit[:, :k].any(-1).float().mean()), 4) for k in range(1, RANKS + 1)]}
+    return {
+        "rank_accuracy": [[round(float(h[:, r].mean()), 4) for r in range(RANKS)] for h in hit],
+        "top1": [round(float(h[:, 0].mean()), 4) for h in hit],
+        "top5": [round(float(h[:, :5].any(-1).float().mean()), 4) for h in hit],
+        "early_topk_recall": [round(float(ehit[:, :k].any(-1).float().mean()), 4) for k in range(1, RANKS + 1)],
+    }
 
 
-def train_heads(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path, num_heads: int = 4,
-                early_layer: int | None = None, epochs: int = 3, lr: float = 1e-3, n_train: int = 4000,
-                n_heldout: int = 400, ctx_len: int = 96, cont_len: int = 32, tree_nodes: int = DEFAULT_TREE_NODES) -> dict:
+def train_heads(
+    target_dir: str | Path,
+    out_dir: str | Path,
+    run_dir: str | Path,
+    num_heads: int = 4,
+    early_layer: int | None = None,
+    epochs: int = 3,
+    lr: float = 1e-3,
+    n_train: int = 4000,
+    n_heldout: int = 400,
+    ctx_len: int = 96,
+    cont_len: int = 32,
+    tree_nodes: int = DEFAULT_TREE_NODES,
+) -> dict:
     """The code model's recipe: contexts from the stdlib, continued greedily by the target."""
     run_dir = Path(run_dir)
     (run_dir / "boost").mkdir(parents=True, exist_ok=True)
@@ -119,13 +133,32 @@ def train_heads(target_dir: str | Path, out_dir: str | Path, run_dir: str | Path
     train_stream, heldout_stream = load_or_encode(tok, run_dir / "data", tok.eos_token_id)
     train = continuation_samples(target, train_stream, n_train, ctx_len, cont_len, 1, run_dir / "boost/train.npy")
     held = continuation_samples(target, heldout_stream, n_heldout, ctx_len, cont_len, 2, run_dir / "boost/heldout.npy")
-    return fit_heads(target.model, window_spans(train, ctx_len), window_spans(held, ctx_len), out_dir, num_heads,
-                     early_layer, epochs, lr, tree_nodes)
+    return fit_heads(
+        target.model,
+        window_spans(train, ctx_len),
+        window_spans(held, ctx_len),
+        out_dir,
+        num_heads,
+        early_layer,
+        epochs,
+        lr,
+        tree_nodes,
+    )
 
 
-def fit_heads(model, train: tuple[list, list], held: tuple[list, list], out_dir: str | Path, num_heads: int = 4,
-              early_layer: int | None = None, epochs: int = 3, lr: float = 1e-3, tree_nodes: int = DEFAULT_TREE_NODES,
-              batch: int = 2048, cache: Path | None = None) -> dict:
+def fit_heads(
+    model,
+    train: tuple[list, list],
+    held: tuple[list, list],
+    out_dir: str | Path,
+    num_heads: int = 4,
+    early_layer: int | None = None,
+    epochs: int = 3,
+    lr: float = 1e-3,
+    tree_nodes: int = DEFAULT_TREE_NODES,
+    batch: int = 2048,
+    cache: Path | None = None,
+) -> dict:
     """Train Medusa heads + the early head on self-distillation samples (frozen target).
 
     train, held: (sequences, spans): positions t in span (lo, hi) of a sequence are followed by
@@ -168,8 +201,15 @@ def fit_heads(model, train: tuple[list, list], held: tuple[list, list], out_dir:
     medusa, early = medusa.eval(), early.eval()
     acc = accuracies(medusa, early, lm_head, data_h)
     paths = top_paths(acc["rank_accuracy"], tree_nodes)
-    meta = {**acc, "tree_nodes": tree_nodes, "expected_tau_static": round(1 + expected_accepted(acc["rank_accuracy"], paths), 3),
-            "trained_on_positions": int(n), "heldout_positions": int(len(data_h.labels)), "epochs": epochs,
-            "wall_s": round(time.perf_counter() - t0, 1), "loss_log": log}
+    meta = {
+        **acc,
+        "tree_nodes": tree_nodes,
+        "expected_tau_static": round(1 + expected_accepted(acc["rank_accuracy"], paths), 3),
+        "trained_on_positions": int(n),
+        "heldout_positions": int(len(data_h.labels)),
+        "epochs": epochs,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "loss_log": log,
+    }
     save_heads(Heads(medusa, early, layer, meta), out_dir)
     return json.loads((Path(out_dir) / "heads.json").read_text())

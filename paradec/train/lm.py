@@ -54,7 +54,7 @@ class StreamBatches:
 
     def sample(self, batch_size, seq_len, rng):
         starts = rng.integers(0, len(self.tokens) - seq_len - 1, batch_size)
-        chunk = np.stack([self.tokens[s: s + seq_len + 1] for s in starts]).astype(np.int64)
+        chunk = np.stack([self.tokens[s : s + seq_len + 1] for s in starts]).astype(np.int64)
         chunk = torch.from_numpy(chunk)
         return chunk[:, :-1], chunk[:, 1:]
 
@@ -106,8 +106,14 @@ def save_atomic(obj, path: Path) -> None:
     tmp.replace(path)
 
 
-def train_lm(model_cfg: ModelConfig, train: Batches, heldout: list, run_dir: str | Path,
-             cfg: TrainConfig, init_state: dict | None = None) -> dict:
+def train_lm(
+    model_cfg: ModelConfig,
+    train: Batches,
+    heldout: list,
+    run_dir: str | Path,
+    cfg: TrainConfig,
+    init_state: dict | None = None,
+) -> dict:
     """Train (or resume) in ``run_dir``; returns the summary also written to summary.json."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -117,8 +123,9 @@ def train_lm(model_cfg: ModelConfig, train: Batches, heldout: list, run_dir: str
     init_weights(model)
     if init_state is not None:
         model.load_state_dict(init_state)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                            weight_decay=cfg.weight_decay, fused=False)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, fused=False
+    )
     step, tokens_seen, elapsed = 0, 0, 0.0
     rng = np.random.default_rng(cfg.seed)
     if state_path.exists():
@@ -135,9 +142,18 @@ def train_lm(model_cfg: ModelConfig, train: Batches, heldout: list, run_dir: str
     last_eval = None
 
     def checkpoint() -> None:
-        save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                      "tokens_seen": tokens_seen, "elapsed": elapsed + time.perf_counter() - t0,
-                      "rng": rng.bit_generator.state, "config": asdict(cfg)}, state_path)
+        save_atomic(
+            {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "tokens_seen": tokens_seen,
+                "elapsed": elapsed + time.perf_counter() - t0,
+                "rng": rng.bit_generator.state,
+                "config": asdict(cfg),
+            },
+            state_path,
+        )
 
     while step < cfg.max_steps and time.perf_counter() - t0 < budget:
         for group in opt.param_groups:
@@ -150,8 +166,13 @@ def train_lm(model_cfg: ModelConfig, train: Batches, heldout: list, run_dir: str
         opt.step()
         step += 1
         tokens_seen += int((y != -100).sum())
-        rec = {"step": step, "loss": round(loss.item(), 4), "lr": lr_at(step - 1, cfg),
-               "tokens_seen": tokens_seen, "elapsed_s": round(elapsed + time.perf_counter() - t0, 1)}
+        rec = {
+            "step": step,
+            "loss": round(loss.item(), 4),
+            "lr": lr_at(step - 1, cfg),
+            "tokens_seen": tokens_seen,
+            "elapsed_s": round(elapsed + time.perf_counter() - t0, 1),
+        }
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             last_eval = rec["heldout_loss"] = round(evaluate(model, heldout), 4)
         log.write(json.dumps(rec) + "\n")
@@ -164,10 +185,16 @@ def train_lm(model_cfg: ModelConfig, train: Batches, heldout: list, run_dir: str
     checkpoint()
     elapsed += time.perf_counter() - t0
     heldout_loss = evaluate(model, heldout)
-    summary = {"steps": step, "max_steps": cfg.max_steps, "tokens_seen": tokens_seen,
-               "wall_s": round(elapsed, 1), "heldout_loss": round(heldout_loss, 4),
-               "heldout_ppl": round(math.exp(heldout_loss), 3),
-               "params": sum(p.numel() for p in model.parameters()), "done": step >= cfg.max_steps}
+    summary = {
+        "steps": step,
+        "max_steps": cfg.max_steps,
+        "tokens_seen": tokens_seen,
+        "wall_s": round(elapsed, 1),
+        "heldout_loss": round(heldout_loss, 4),
+        "heldout_ppl": round(math.exp(heldout_loss), 3),
+        "params": sum(p.numel() for p in model.parameters()),
+        "done": step >= cfg.max_steps,
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     model.eval()
     summary["model"] = model

@@ -34,10 +34,10 @@ class Proposal:
     draws: list[list[Draw]]  # [nodes] candidates under each node, in the order proposed
 
     @staticmethod
-    def root_only(root: int) -> "Proposal":
+    def root_only(root: int) -> Proposal:
         return Proposal(TokenTree.root_only(root), [[]])
 
-    def cut(self, nodes: int) -> "Proposal":
+    def cut(self, nodes: int) -> Proposal:
         """The first ``nodes`` nodes (parents come first, so a prefix is a tree) and their draws."""
         tree = TokenTree(self.tree.tokens[:nodes], self.tree.parents[:nodes])
         return Proposal(tree, [[d for d in draws if d.child < nodes] for draws in self.draws[:nodes]])

@@ -29,11 +29,11 @@ class TokenTree:
             raise ValueError(f"parents must point to earlier nodes: {self.parents}")
 
     @staticmethod
-    def root_only(token: int) -> "TokenTree":
+    def root_only(token: int) -> TokenTree:
         return TokenTree((token,), (-1,))
 
     @staticmethod
-    def chain(root: int, tokens: list[int]) -> "TokenTree":
+    def chain(root: int, tokens: list[int]) -> TokenTree:
         return TokenTree((root, *tokens), tuple(range(-1, len(tokens))))
 
     def __len__(self) -> int:
@@ -121,7 +121,7 @@ class ScratchTree:
         return i
 
     @staticmethod
-    def from_tree(tree: TokenTree, width: int) -> "ScratchTree":
+    def from_tree(tree: TokenTree, width: int) -> ScratchTree:
         out = ScratchTree()
         for tok, parent in zip(tree.tokens, tree.parents):
             out.add(tok, parent)
@@ -130,8 +130,9 @@ class ScratchTree:
         return out
 
 
-def pass_tensors(rows: list[ScratchTree], start: int, width: int, lengths: list[int]
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def pass_tensors(
+    rows: list[ScratchTree], start: int, width: int, lengths: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Inputs of one forward over nodes [start, start + width) of every row.
 
     Returns tokens [batch, width], positions [batch, width] (= committed length + depth) and
@@ -141,9 +142,10 @@ def pass_tensors(rows: list[ScratchTree], start: int, width: int, lengths: list[
     slots lengths[b] + j, itself and its ancestors.
     """
     batch = len(rows)
-    tokens = torch.tensor([r.tokens[start:start + width] for r in rows], dtype=torch.long)
-    pos = torch.tensor([[length + d for d in r.depths[start:start + width]]
-                        for r, length in zip(rows, lengths)], dtype=torch.long)
+    tokens = torch.tensor([r.tokens[start : start + width] for r in rows], dtype=torch.long)
+    pos = torch.tensor(
+        [[length + d for d in r.depths[start : start + width]] for r, length in zip(rows, lengths)], dtype=torch.long
+    )
     if width == 1 and start == 0 and len(set(lengths)) == 1:
         return tokens, pos, None
     n = start + width
@@ -151,5 +153,5 @@ def pass_tensors(rows: list[ScratchTree], start: int, width: int, lengths: list[
     mask = np.zeros((batch, 1, width, span), dtype=bool)
     for b, (r, length) in enumerate(zip(rows, lengths)):
         mask[b, 0, :, :length] = True
-        mask[b, 0, :, length:length + n] = bits_to_bool(r.bits[start:n], n)
+        mask[b, 0, :, length : length + n] = bits_to_bool(r.bits[start:n], n)
     return tokens, pos, torch.from_numpy(mask)

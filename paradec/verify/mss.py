@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from paradec.config import SamplingConfig
-from paradec.tree.proposal import Proposal
 from paradec.sampling import probs
+from paradec.tree.proposal import Proposal
 from paradec.verify.accept import Verdict
 
 
@@ -25,8 +25,9 @@ def _draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(p, 1, generator=generator))
 
 
-def accept_mss(proposal: Proposal, logits: torch.Tensor, cfg: SamplingConfig,
-               generator: torch.Generator | None) -> Verdict:
+def accept_mss(
+    proposal: Proposal, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
+) -> Verdict:
     """logits: [nodes, vocab] target logits at every node of ``proposal.tree``."""
     tokens = proposal.tree.tokens
     node, nodes = 0, [0]
@@ -58,8 +59,9 @@ def accept_mss(proposal: Proposal, logits: torch.Tensor, cfg: SamplingConfig,
         nodes.append(node)
 
 
-def accept_naive(proposal: Proposal, logits: torch.Tensor, cfg: SamplingConfig,
-                 generator: torch.Generator | None) -> Verdict:
+def accept_naive(
+    proposal: Proposal, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
+) -> Verdict:
     """Draw from p at each node; follow the tree while the draw is one of its children."""
     tokens = proposal.tree.tokens
     kids = proposal.tree.children()

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from paradec.tree.proposal import Draw, Proposal
 from paradec.models import Transformer
 from paradec.models.heads import EarlyHead
 from paradec.tree import ScratchTree, TokenTree, pass_tensors
+from paradec.tree.proposal import Draw, Proposal
 
 
 def prune_proposal(proposal: Proposal, keep: list[bool]) -> tuple[Proposal, list[int]]:
@@ -28,14 +28,17 @@ def prune_proposal(proposal: Proposal, keep: list[bool]) -> tuple[Proposal, list
         alive[i] = keep[i] and alive[parents[i]]
     survivors = [i for i, a in enumerate(alive) if a]
     new_index = {old: new for new, old in enumerate(survivors)}
-    tree = TokenTree(tuple(proposal.tree.tokens[i] for i in survivors),
-                     tuple(-1 if i == 0 else new_index[parents[i]] for i in survivors))
+    tree = TokenTree(
+        tuple(proposal.tree.tokens[i] for i in survivors),
+        tuple(-1 if i == 0 else new_index[parents[i]] for i in survivors),
+    )
     draws = [[Draw(new_index[d.child], d.q) for d in proposal.draws[i] if alive[d.child]] for i in survivors]
     return Proposal(tree, draws), survivors
 
 
-def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, proposals: list[Proposal],
-                cache) -> tuple[list[Proposal], torch.Tensor, torch.Tensor, list[list[int]], list[dict]]:
+def pruned_pass(
+    model: Transformer, early: EarlyHead, layer: int, topk: int, proposals: list[Proposal], cache
+) -> tuple[list[Proposal], torch.Tensor, torch.Tensor, list[list[int]], list[dict]]:
     """-> pruned proposals, logits [batch, width', vocab], normed hidden [batch, width', hidden],
     per row the scratch slot (original node index) of each survivor, and per row the early
     top-k of every node that had children {original index: token ids} (the policy learns the
@@ -45,8 +48,11 @@ def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, pro
     rows = [ScratchTree.from_tree(p.tree, width) for p in proposals]
     tokens, pos, mask = pass_tensors(rows, 0, width, cache.lengths)
     tokens, pos = tokens.to(dev), pos.to(dev)
-    mask = mask.to(dev) if mask is not None else torch.ones(len(rows), 1, width, max(cache.lengths) + width,
-                                                             dtype=torch.bool, device=dev)
+    mask = (
+        mask.to(dev)
+        if mask is not None
+        else torch.ones(len(rows), 1, width, max(cache.lengths) + width, dtype=torch.bool, device=dev)
+    )
     h = model.hidden(tokens, pos, mask, cache, 0, layer)  # [batch, width, hidden]
     # the early head only where a verdict is needed: on nodes that have children (most are leaves)
     parents = [sorted(set(p.tree.parents[1:])) for p in proposals]
@@ -54,7 +60,7 @@ def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, pro
     top = early(h.flatten(0, 1).index_select(0, flat), model.lm_head).topk(topk, dim=-1).indices.tolist()
     early_top, k = [], 0  # host sync: pruning is host logic
     for ps in parents:
-        early_top.append(dict(zip(ps, top[k: k + len(ps)])))
+        early_top.append(dict(zip(ps, top[k : k + len(ps)])))
         k += len(ps)
     pruned, slot_maps = [], []
     for b, prop in enumerate(proposals):
@@ -65,7 +71,7 @@ def pruned_pass(model: Transformer, early: EarlyHead, layer: int, topk: int, pro
         slot_maps.append(survivors)
     width2 = max(len(s) for s in slot_maps)
     slots = []
-    for b, survivors in enumerate(slot_maps):
+    for survivors in slot_maps:
         spare = [j for j in range(width) if j not in set(survivors)]  # dropped slots hold the padding
         slots.append(survivors + spare[: width2 - len(survivors)])
     idx = torch.tensor(slots, device=dev)  # [batch, width']

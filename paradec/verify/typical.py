@@ -11,13 +11,19 @@ import math
 import torch
 
 from paradec.config import SamplingConfig
-from paradec.tree.proposal import Proposal
 from paradec.sampling import probs
+from paradec.tree.proposal import Proposal
 from paradec.verify.accept import Verdict
 
 
-def accept_typical(proposal: Proposal, logits: torch.Tensor, cfg: SamplingConfig, epsilon: float,
-                   delta: float, generator: torch.Generator | None) -> Verdict:
+def accept_typical(
+    proposal: Proposal,
+    logits: torch.Tensor,
+    cfg: SamplingConfig,
+    epsilon: float,
+    delta: float,
+    generator: torch.Generator | None,
+) -> Verdict:
     tokens, kids = proposal.tree.tokens, proposal.tree.children()
     node, nodes = 0, [0]
     while True:
