@@ -33,18 +33,13 @@ from paradec.policy import TreePolicy
 from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
 from paradec.state import Generation, Row, Stats, StepEvent
+from paradec.text import TextStream
 from paradec.tokenizer import Tokenizer, load_tokenizer
 
 
 class Engine:
-    """A loaded target model + tokenizer (+ draft models); ``generate`` and ``stream`` run any
-    method on it. Options (keyword arguments of both):
-
-    method: "ar" | "specinfer" (draft models, optionally + prompt lookup) | "pld" (prompt lookup)
-    max_new_tokens, temperature (0 = greedy), top_k, top_p, seed, stop, ignore_eos, chat
-    expansion (SSM children per level), with_ngram, max_ngram, num_draft, ngram_branches,
-    acceptor ("mss" | "naive", sampling only)
-    """
+    """A loaded target model + tokenizer (+ its drafters); ``generate`` and ``stream`` run any
+    registered method on it (``paradec.methods``; options: ``config``)."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, model_dir: Path | None = None) -> None:
         self.model = model
@@ -56,9 +51,7 @@ class Engine:
         self.eagle: EagleHead | None = None  # EAGLE's draft head (shares this model's embedding and LM head)
         self.quant = "none"  # weight format of the target's linears (``load(quant=...)``)
         self.policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
-        # how much of each greedy draft tree is verified (ProPD's cost model over the batch;
-        # None: every tree in full)
-        self.budget: BatchBudget | None = BatchBudget()
+        self.budget: BatchBudget | None = BatchBudget()  # how much of a batch's greedy trees to verify
         self.cost: PassCost | None = None  # the measured pass-cost curve of the format it runs in (``paradec.cpu``)
         self.format: FormatChoice | None = None  # which format, and why (``load``)
 
@@ -119,13 +112,20 @@ class Engine:
         single, batch = _as_batch(prompts)
         gen = self.config(**options)
         decode = methods.get(gen.method).decode
+        ids = [self.encode(p, chat) for p in batch]
         if decode is not None:  # a method with its own loop (ASPD's hybrid decoder)
-            out = decode(self, [self._encode(p, chat) for p in batch], gen)
+            out = decode(self, ids, gen)
             return out[0] if single else out
-        rows = self._rows([self._encode(p, chat) for p in batch], gen)
-        for _ in self._decode(rows, gen, drafter):
-            pass
-        out = [self._finish(row, gen) for row in rows]
+        rows = self.new_rows(ids, gen)
+        texts = [self.text_stream(gen) for _ in rows]
+        for event in self._decode(rows, gen, drafter):
+            if texts[event.row].add(event.token_ids):
+                rows[event.row].finish("stop")
+            texts[event.row].piece()
+        out = []
+        for row, text in zip(rows, texts):
+            text.close()
+            out.append(Generation(text.text, row.new_ids, row.finish_reason, row.stats))
         return out[0] if single else out
 
     def stream(self, prompt: str | list[int] | list[dict], *, chat: bool = False, **options) -> Iterator[str]:
@@ -133,38 +133,32 @@ class Engine:
         ``generate``). The pieces concatenate to ``generate(prompt, ...).text``."""
         gen = self.config(**options)
         method = methods.get(gen.method)
+        ids = self.encode(prompt, chat)
         if method.stream is not None:  # a method with its own loop (ASPD) streams through it
-            for piece in method.stream(self, self._encode(prompt, chat), gen):
+            for piece in method.stream(self, ids, gen):
                 if piece:
                     yield piece
             return
         if method.decode is not None:  # one without a stream of its own: its text in one piece
-            text = method.decode(self, [self._encode(prompt, chat)], gen)[0].text
+            text = method.decode(self, [ids], gen)[0].text
             if text:
                 yield text
             return
-        rows = self._rows([self._encode(prompt, chat)], gen)
-        sent = 0
-        for _ in self._decode(rows, gen):
-            piece, sent = self.text_delta(rows[0], gen, sent)
+        rows = self.new_rows([ids], gen)
+        text = self.text_stream(gen)
+        for event in self._decode(rows, gen):
+            if text.add(event.token_ids):
+                rows[0].finish("stop")
+            piece = text.piece()
             if piece:
                 yield piece
-        rest = self._visible_text(rows[0], gen)[sent:]
+        rest = text.close()
         if rest:
             yield rest
 
-    def text_delta(self, row: Row, gen: GenerationConfig, sent: int) -> tuple[str, int]:
-        """The text of ``row`` that is final past the first ``sent`` characters, and the new
-        count. Holds back what a stop string or an unfinished UTF-8 sequence may still change,
-        until the row is done; the pieces concatenate to ``generate``'s text."""
-        text = self._visible_text(row, gen)
-        if row.done:
-            return text[sent:], max(sent, len(text))
-        hold = max((len(s) for s in gen.stop), default=1) - 1  # a stop string may be mid-way
-        safe = max(sent, len(text) - hold)
-        while safe > sent and text[safe - 1] == "\ufffd":  # an unfinished UTF-8 sequence
-            safe -= 1
-        return text[sent:safe], safe
+    def text_stream(self, gen: GenerationConfig) -> TextStream:
+        """One answer's output processor: tokens in, final text out (``paradec.text``)."""
+        return TextStream(self.tokenizer.decode, gen.stop)
 
     def config(
         self,
@@ -199,7 +193,7 @@ class Engine:
         """Decode ``rows`` as one group on a scheduler of their own; yields each step's events."""
         drafter = drafter or methods.get(gen.method).drafter(self, gen)
         max_len = max(len(r.tokens) + r.budget for r in rows) + 1  # budgets are capped at the context
-        scheduler = Scheduler(self, len(rows), max_len + drafter.max_nodes, self.budget)
+        scheduler = Scheduler(self, len(rows), max_len + drafter.max_nodes, self.tokenizer.eos_ids, self.budget)
         group = scheduler.admit(rows, gen, drafter)
         while scheduler.groups:
             for _, event in scheduler.step():
@@ -207,8 +201,10 @@ class Engine:
         if group.error is not None:
             raise RuntimeError(f"decoding failed: {group.error}")
 
-    # ---- edges ------------------------------------------------------------------------------
-    def _encode(self, prompt: str | list[int] | list[dict], chat: bool) -> list[int]:
+    # ---- the request boundary: prompt -> ids -> rows ------------------------------------------
+    def encode(self, prompt: str | list[int] | list[dict], chat: bool = False) -> list[int]:
+        """A prompt (text, token ids, or a conversation of ``{"role", "content"}`` messages) ->
+        checked token ids; ``chat``: text goes through the chat template as one user turn."""
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):  # a conversation
             ids = self.tokenizer.encode_messages(prompt)
         elif isinstance(prompt, list):
@@ -238,7 +234,8 @@ class Engine:
             raise ParadecError(f"prompt token ids must be in [0, {vocab})")
         return ids
 
-    def _rows(self, ids: list[list[int]], gen: GenerationConfig) -> list[Row]:
+    def new_rows(self, ids: list[list[int]], gen: GenerationConfig) -> list[Row]:
+        """One decode row per prompt: its budget capped at the context, its seeded generator."""
         rows = []
         limit = self.model.config.context_length
         for prompt in ids:
@@ -251,16 +248,6 @@ class Engine:
             budget = min(gen.max_new_tokens, limit - len(prompt))
             rows.append(Row(list(prompt), len(prompt), g, Stats(gen.method), budget=budget))
         return rows
-
-    def _visible_text(self, row: Row, gen: GenerationConfig) -> str:
-        text = self.tokenizer.decode(row.new_ids)
-        if row.finish_reason == "stop":
-            cut = min((text.find(s) for s in gen.stop if s in text), default=len(text))
-            text = text[:cut]
-        return text
-
-    def _finish(self, row: Row, gen: GenerationConfig) -> Generation:
-        return Generation(self._visible_text(row, gen), row.new_ids, row.finish_reason, row.stats)
 
 
 def _as_batch(prompts) -> tuple[bool, list]:
@@ -289,41 +276,84 @@ def load(
     backend: str | None = None,
     methods_used: tuple[str, ...] | None = None,
 ) -> Engine:
-    """Load a local Hugging Face-format Llama/Qwen2/Mistral directory (and draft models for
-    ``specinfer``) into an ``Engine``. ``exact`` (default): decode and verification passes use
-    shape-invariant numerics, so every lossless method's greedy tokens equal `ar`'s in bf16 too
-    (``Transformer.set_exact``); ``False`` trades that for speed at long contexts.
-    ``dtype`` / ``quant``: "auto" (default) measures this CPU once (``paradec.cpu``: a pass of
-    each weight format the file allows, cached under ``$PARADEC_HOME/profiles``) and takes the
-    format with the cheapest `ar` step; or "bf16" / "fp32", and "none", "int8" or "int4"
-    weight-only linears on the CPU (``models.quant``; a GGUF Q4_1 file's blocks map to int4 as
-    they are), the LM head in ``quant_head`` (default: int8 when quantized). Every method is
-    lossless against the model in the format it runs in. Draft models get the same quantization.
-    A format asked for explicitly that this CPU runs far slower than another is warned about
-    (``ParadecWarning``), with both measured costs.
-    ``cost``: the pass-cost curve every draft policy starts from (default: the chosen format's
-    measured curve; ``PassCost.flat()`` makes every width cost the same, as tests do).
+    """Load a Hugging Face-format Llama/Qwen2/Mistral directory or a GGUF file (and the draft
+    models, Medusa heads, EAGLE head a method needs) into an ``Engine``.
 
-    ``eagle``: an EAGLE draft head for this model (methods ``eagle``, ``eagle+propd``, ``eagle+ngram``).
-    ``threads``: torch's CPU threads (default: torch's own choice, the physical cores).
-    ``batch_budget``: in a batch, cut greedy draft chains to the width ProPD's cost model finds
-    pays (``policy.budget``); False verifies every chain in full.
-    ``backend``: the runtime of the target's passes. "torch" (paradec's own), "llamacpp"
-    (llama.cpp's kernels on a GGUF file as it is: ``models.llamacpp``; method ar only, as its
-    batched logits are not its single-token ones), or "auto" (the default, or
-    ``$PARADEC_BACKEND``): llamacpp when llama-cpp-python is installed, the model is a GGUF file,
-    ``methods_used`` (the methods the caller will run; None: any) all run there, nothing that
-    needs torch is asked for (drafts, heads, eagle, an explicit dtype or quant) and its measured
-    `ar` step is cheaper than torch's best format's on this CPU; otherwise torch.
-    ``warmup``: run a few tiny passes (an `ar` step and a verified tree) so the first request does
+    ``dtype`` / ``quant`` "auto": measure this CPU once (``paradec.cpu``, cached under
+    ``$PARADEC_HOME/profiles``) and take the format with the cheapest `ar` step; or bf16 / fp32
+    and none / int8 / int4 weight-only linears (``models.quant``; the LM head in ``quant_head``).
+    A format asked for that this CPU runs far slower is warned about. Every method is lossless
+    against the model in the format it runs in. ``exact``: shape-invariant decode numerics, so
+    greedy speculation equals `ar` in bf16 too (``Transformer.set_exact``). ``cost``: the
+    pass-cost curve policies start from (``PassCost.flat()``: every width the same, as tests
+    do). ``batch_budget``: cut a batch's greedy chains to the width that pays (``policy.budget``).
+    ``backend``: "torch", "llamacpp" (llama.cpp's kernels on a GGUF file, `ar` only:
+    ``models.llamacpp``) or "auto" (default, or ``$PARADEC_BACKEND``): llama.cpp when it is
+    installed, the model is a GGUF file, ``methods_used`` all run there, nothing torch-only is
+    asked for, and it measures faster. ``warmup``: a few tiny passes, so the first request does
     not pay for kernel set-up.
 
     Example: ``paradec.load("zoo/target").generate("import os", max_new_tokens=16)``.
     """
+    _check_load_args(threads, dtype, device, quant, quant_head)
     if threads is not None:
-        if threads < 1:
-            raise ParadecError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
+        drafts = [drafts]
+    asked = backend or os.environ.get("PARADEC_BACKEND") or "auto"
+    if asked not in BACKENDS:
+        raise ParadecError(f"unknown backend {asked!r}; use {', '.join(BACKENDS)}")
+    source = Path(model_dir)
+    torch_only = _torch_only(drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used)
+    if asked == "llamacpp":
+        _check_llamacpp(source, torch_only)
+    model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
+    choice = choose_format(model_dir, dtype, quant, device, exact)
+    eligible = is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available()
+    if asked == "llamacpp" or (asked == "auto" and eligible):  # llama.cpp where it may run and measures faster
+        lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
+        lc_choice = _llamacpp_choice(lc, choice, asked)
+        if lc_choice is not None:
+            engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
+            return _finish_load(engine, lc_choice, cost, batch_budget, warmup)
+    engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, drafts, heads, eagle)
+    return _finish_load(engine, choice, cost, batch_budget, warmup)
+
+
+def _engine_on_torch(model_dir: Path, choice: FormatChoice, device, exact, quant_head, drafts, heads, eagle) -> Engine:
+    """The target in the chosen format on paradec's runtime, with the drafters asked for."""
+    model = load_model(model_dir, choice.dtype, device)
+    model.set_exact(exact)
+    quantize_linears(model, choice.quant, quant_head)
+    engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
+    engine.quant = choice.quant  # draft models get the target's weight format
+    engine.load_drafts(list(drafts))
+    if heads is not None:
+        engine.load_heads(heads)
+    if eagle is not None:
+        engine.load_eagle(eagle)
+    return engine
+
+
+def _torch_only(drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used) -> list[str]:
+    """What was asked for that only paradec's torch runtime runs (llama.cpp runs `ar` alone)."""
+    asks = {
+        "drafts": bool(drafts),
+        "heads": heads is not None,
+        "eagle": eagle is not None,
+        "dtype": dtype != "auto",
+        "quant": quant != "auto" or quant_head is not None,
+        "device": device != "cpu",
+        "exact=False": not exact,
+    }
+    out = [what for what, yes in asks.items() if yes]
+    elsewhere = [m for m in methods_used or () if "llamacpp" not in methods.get(m).backends]
+    return out + ([f"method {', '.join(elsewhere)}"] if elsewhere else [])
+
+
+def _check_load_args(threads: int | None, dtype, device: str, quant: str, quant_head: str | None) -> None:
+    if threads is not None and threads < 1:
+        raise ParadecError(f"threads must be >= 1, got {threads}")
     if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
         raise ParadecError(f"unknown dtype {dtype!r}; use auto, bf16 or fp32")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -336,78 +366,36 @@ def load(
         )
     if quant not in ("none", "auto") and not device.startswith("cpu"):
         raise ParadecError(f"quant={quant} uses torch's packed CPU kernels; use device=cpu or quant=none")
-    if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
-        drafts = [drafts]
-    backend = asked = backend or os.environ.get("PARADEC_BACKEND") or "auto"
-    if backend not in BACKENDS:
-        raise ParadecError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
-    source = Path(model_dir)
-    torch_only = [
-        what
-        for what, asked in (
-            ("drafts", bool(drafts)),
-            ("heads", heads is not None),
-            ("eagle", eagle is not None),
-            ("dtype", dtype != "auto"),
-            ("quant", quant != "auto" or quant_head is not None),
-            ("device", device != "cpu"),
-            ("exact=False", not exact),
+
+
+def _check_llamacpp(source: Path, torch_only: list[str]) -> None:
+    """backend=llamacpp asked for: a GGUF file, and nothing only torch runs."""
+    if not is_gguf(source):
+        raise ParadecError("the llamacpp backend runs a GGUF file; pass model=FILE.gguf, or backend=torch")
+    if torch_only:
+        raise ParadecError(
+            f"the llamacpp backend cannot take {', '.join(torch_only)} (llama.cpp runs the GGUF's own "
+            "format on the CPU, `ar` only, with no drafts or heads); drop them or use backend=torch"
         )
-        if asked
-    ]
-    elsewhere = [m for m in methods_used or () if "llamacpp" not in methods.get(m).backends]
-    if elsewhere:
-        torch_only.append(f"method {', '.join(elsewhere)}")
-    if backend == "llamacpp":
-        if not is_gguf(source):
-            raise ParadecError("the llamacpp backend runs a GGUF file; pass model=FILE.gguf, or backend=torch")
-        if torch_only:
-            raise ParadecError(
-                f"the llamacpp backend cannot take {', '.join(torch_only)} (llama.cpp runs the GGUF's "
-                f"own format on the CPU, `ar` only, with no drafts or heads); drop them or use "
-                f"backend=torch"
-            )
-    model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
-    choice = choose_format(model_dir, dtype, quant, device, exact)
-    if backend == "auto":  # llama.cpp where it may run and measures faster
-        eligible = is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available()
-        backend = "llamacpp" if eligible else "torch"
-    if backend == "llamacpp":
-        lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
-        lc_cost, lc_path, _ = llamacpp_cost(lc, paradec_home())
-        faster = lc_cost.predict(1) < choice.cost.predict(1)
-        if asked == "auto" and not faster:
-            backend = "torch"
-        else:
-            reason = (
-                "asked for (backend=llamacpp)"
-                if asked == "llamacpp"
-                else (
-                    f"auto: llama.cpp's `ar` step {lc_cost.predict(1) * 1e3:.0f} ms < torch {choice.name}'s "
-                    f"{choice.cost.predict(1) * 1e3:.0f} ms on this CPU"
-                )
-            )
-            choice = replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path)
-    if backend == "llamacpp":
-        engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
-        engine.quant, engine.format = "gguf", choice
-        engine.cost = cost or choice.cost
-        engine.budget = BatchBudget(engine.cost) if batch_budget else None
-        if warmup:
-            engine.warmup()
-        return engine
-    model = load_model(model_dir, choice.dtype, device)
-    model.set_exact(exact)
-    quantize_linears(model, choice.quant, quant_head)
-    engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
+
+
+def _llamacpp_choice(lc: LlamaCppModel, choice: FormatChoice, asked: str) -> FormatChoice | None:
+    """llama.cpp's format record, its measured curve and why it runs; None: auto, and torch's
+    best format is faster on this CPU."""
+    lc_cost, lc_path, _ = llamacpp_cost(lc, paradec_home())
+    if asked == "auto" and not lc_cost.predict(1) < choice.cost.predict(1):
+        return None
+    reason = "asked for (backend=llamacpp)"
+    if asked == "auto":
+        ms = lc_cost.predict(1) * 1e3, choice.cost.predict(1) * 1e3
+        reason = f"auto: llama.cpp's `ar` step {ms[0]:.0f} ms < torch {choice.name}'s {ms[1]:.0f} ms on this CPU"
+    return replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path)
+
+
+def _finish_load(engine: Engine, choice: FormatChoice, cost: PassCost | None, batch_budget: bool, warmup: bool):
     engine.quant, engine.format = choice.quant, choice
     engine.cost = cost or choice.cost
     engine.budget = BatchBudget(engine.cost) if batch_budget else None  # None: every tree verified in full
-    engine.load_drafts(list(drafts))
-    if heads is not None:
-        engine.load_heads(heads)
-    if eagle is not None:
-        engine.load_eagle(eagle)
     if warmup:
         engine.warmup()
     return engine

@@ -36,6 +36,7 @@ from paradec.models.eagle import EagleHead
 from paradec.models.heads import Heads
 from paradec.policy import TreePolicy
 from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
+from paradec.tokenizer import Tokenizer
 
 # what a method may need loaded: draft models, Medusa heads, an early head, a model fine-tuned for it
 NEEDS = ("drafts", "heads", "early_head", "aspd_model", "eagle")
@@ -45,12 +46,23 @@ class Target(Protocol):
     """What a factory may read from the loaded engine."""
 
     model: Transformer
+    tokenizer: Tokenizer
     drafts: list[Transformer]
     heads: Heads | None
     eagle: EagleHead | None
     policies: dict[tuple, TreePolicy]  # ProPD's online statistics, kept across calls
     quant: str  # the target's weight format (models.quant)
     cost: PassCost | None  # what a pass of each width costs on this CPU (paradec.cpu), policies' prior
+
+
+def _writes_aspd_markup(target: Target) -> bool:
+    from paradec.parallel.grammar import Specials  # ASPD's own module, as its registry entry's loop
+
+    try:
+        Specials.from_tokenizer(target.tokenizer.hf)
+    except ParadecError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class Method:
     lossless: bool = True  # greedy output == `ar`'s; sampled output distributed as the target's
     # the target runtimes it runs on: llama.cpp's runs `ar` only (models.llamacpp: its batches are not exact)
     backends: tuple[str, ...] = ("torch",)
+    same_tokens_as: str | None = None  # lossless against this method of the same model (not `ar`)
 
     def __post_init__(self) -> None:
         if (self.drafter is None) == (self.decode is None):
@@ -76,16 +89,20 @@ class Method:
 
     def missing(self, target: Target) -> list[str]:
         """What this method needs that ``target`` has not loaded (an ASPD model is recognized by
-        its tokenizer's branch tokens, which the hybrid decoder checks)."""
+        its tokenizer's branch tokens)."""
         heads = target.heads
         have = {
-            "drafts": bool(target.drafts),
-            "heads": heads is not None,
-            "early_head": heads is not None and heads.early is not None,
-            "aspd_model": True,
-            "eagle": target.eagle is not None,
+            "drafts": lambda: bool(target.drafts),
+            "heads": lambda: heads is not None,
+            "early_head": lambda: heads is not None and heads.early is not None,
+            "aspd_model": lambda: _writes_aspd_markup(target),
+            "eagle": lambda: target.eagle is not None,
         }
-        return [n for n in self.needs if not have[n]]
+        return [n for n in self.needs if not have[n]()]
+
+    def available(self, target: Target) -> bool:
+        """Whether ``target`` can run this method: its runtime, and everything it needs loaded."""
+        return target.model.backend in self.backends and not self.missing(target)
 
     def check(self, target: Target, gen: GenerationConfig) -> None:
         """Raise a ``ParadecError`` naming what is missing for this call."""
@@ -375,6 +392,7 @@ for _m in (
         needs=("aspd_model",),
         acceptors=(),
         lossless=False,
+        same_tokens_as="aspd",
         options={"aspd_draft": 4},
     ),
 ):

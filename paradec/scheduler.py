@@ -63,12 +63,22 @@ class Group:
 class Scheduler:
     """Groups of rows decoding together on one KV cache of ``capacity`` rows x ``max_len`` slots.
 
-    ``target``: the engine (model, heads, tokenizer). Not thread-safe: one thread steps it."""
+    ``target``: the engine (its model and heads); ``eos_ids``: the tokens that end a row (unless
+    its request ignores EOS). It deals in tokens only: its consumer turns a row's committed
+    tokens into text (``paradec.text.TextStream``) and ends the row at a stop string
+    (``Row.finish``). Not thread-safe: one thread steps it."""
 
     def __init__(
-        self, target, capacity: int, max_len: int, budget: BatchBudget | None = None, interleave_prefill: bool = False
+        self,
+        target,
+        capacity: int,
+        max_len: int,
+        eos_ids: frozenset[int] = frozenset(),
+        budget: BatchBudget | None = None,
+        interleave_prefill: bool = False,
     ) -> None:
         self.target = target
+        self.eos_ids = eos_ids
         self.cache = target.model.new_cache(capacity, max_len, live=0)
         self.groups: list[Group] = []  # in cache-row order
         self.budget = budget  # cuts greedy trees to the width that pays (``policy.budget``)
@@ -206,9 +216,9 @@ class Scheduler:
                     row.stats.target_s += t_fwd
                     row.stats.nodes += drafted[g.first + i]
                     row.stats.verified += len(ver.proposals[g.first + i].tree)
-                    if row.done:
-                        row.stats.wall_s = time.perf_counter() - g.start
                     yield g, StepEvent(i, committed)
+                    if row.done:  # by EOS or its budget, or by its consumer (a stop string)
+                        row.stats.wall_s = time.perf_counter() - g.start
                 g.drafter.step_done(
                     batch,
                     max(drafted[span]),
@@ -311,22 +321,17 @@ class Scheduler:
         ]
 
     def _append(self, row: Row, new: list[int], gen: GenerationConfig) -> list[int]:
-        """Add committed tokens to ``row`` and apply EOS, stop strings and the length budget."""
+        """Add committed tokens to ``row`` and apply EOS and the length budget."""
         new = new[: row.budget]
-        tokenizer = self.target.tokenizer
         if not gen.ignore_eos:
             for i, tok in enumerate(new):
-                if tok in tokenizer.eos_ids:
+                if tok in self.eos_ids:
                     new = new[: i + 1]
-                    row.done, row.finish_reason = True, "eos"
+                    row.finish("eos")
                     break
         row.tokens.extend(new)
         row.budget -= len(new)
         row.stats.new_tokens += len(new)
-        if gen.stop and not row.done:
-            text = tokenizer.decode(row.new_ids)
-            if any(s in text for s in gen.stop):
-                row.done, row.finish_reason = True, "stop"
         if row.budget <= 0:
             row.done = True
         return new

@@ -93,6 +93,10 @@ class Row:
     def new_ids(self) -> list[int]:
         return self.tokens[self.n_prompt :]
 
+    def finish(self, reason: str) -> None:
+        """End the row ("eos" | "stop" | "length"); the scheduler decodes it no further."""
+        self.done, self.finish_reason = True, reason
+
 
 @dataclass(frozen=True)
 class StepEvent:

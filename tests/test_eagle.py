@@ -193,7 +193,7 @@ def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
     given the committed text (and the target's features of it) proposes."""
     engine.load_eagle(heads["trained"])
     gen = engine.config(method="eagle", max_new_tokens=30, ignore_eos=True)
-    rows = engine._rows([engine.tokenizer.encode(PROMPTS[0])], gen)
+    rows = engine.new_rows([engine.tokenizer.encode(PROMPTS[0])], gen)
     sched = Scheduler(engine, 1, 256)
     drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
     group = sched.admit(rows, gen, drafter)
@@ -228,7 +228,7 @@ def test_head_catches_up_after_lookup_steps(engine, heads):
     drafter = EagleDrafter(
         engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling, lookup=NgramDrafter(3, 8, min_ngram=2)
     )
-    group = sched.admit(engine._rows([prompt], gen), gen, drafter)
+    group = sched.admit(engine.new_rows([prompt], gen), gen, drafter)
     ran = []
     while len(ran) < 20 and not (True in ran and ran[-1] is False):
         list(sched.step())

@@ -11,8 +11,8 @@ import paradec
 
 ROOT = Path(paradec.__file__).parent
 LAYERS = [
-    {"errors", "config", "zoo"},  # records and locations
-    {"sampling", "tokenizer", "state", "kv", "tree"},  # pure functions and typed state
+    {"errors", "config", "zoo", "stdlib"},  # records and locations
+    {"sampling", "tokenizer", "text", "state", "kv", "tree"},  # pure functions and typed state
     {"models", "cpu", "policy"},  # the runtime; what a pass costs on this CPU; ProPD's cost model
     {"draft", "verify", "parallel"},  # proposing, accepting, ASPD's decoder
     {"methods"},  # the method registry: drafter factories and what each method needs

@@ -21,7 +21,7 @@ def engine(llama_dir):
 
 def _group(engine, sched, prompt, method="ar", **opts):
     gen = engine.config(method=method, max_new_tokens=10, ignore_eos=True, **opts)
-    rows = engine._rows([engine.tokenizer.encode(prompt)], gen)
+    rows = engine.new_rows([engine.tokenizer.encode(prompt)], gen)
     return sched.admit(rows, gen, methods.get(method).drafter(engine, gen))
 
 
@@ -75,7 +75,7 @@ def test_a_group_whose_drafter_fails_ends_alone(engine):
     solo = engine.generate("def f(x):", max_new_tokens=10, ignore_eos=True).token_ids
     sched = Scheduler(engine, 2, 512)
     gen = engine.config(max_new_tokens=10, ignore_eos=True)
-    bad = sched.admit(engine._rows([engine.tokenizer.encode("import os")], gen), gen, Broken())
+    bad = sched.admit(engine.new_rows([engine.tokenizer.encode("import os")], gen), gen, Broken())
     good = _group(engine, sched, "def f(x):")
     while sched.groups:
         list(sched.step())
@@ -97,7 +97,7 @@ def test_chunked_prefill_gives_the_features_one_pass_gives(engine, monkeypatch):
         monkeypatch.setattr(scheduler, "PREFILL_CHUNK", chunk)
         sched = Scheduler(engine, 1, 256)
         gen = engine.config(max_new_tokens=2)
-        sched.admit(engine._rows([ids], gen), gen, Spy())
+        sched.admit(engine.new_rows([ids], gen), gen, Spy())
     one, chunked = seen[0], seen[1]
     assert one.shape == chunked.shape == (1, len(ids) - 1, engine.model.config.hidden_size)
     torch.testing.assert_close(chunked.float(), one.float(), atol=0.05, rtol=0.05)

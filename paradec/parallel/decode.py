@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paradec.parallel.grammar import Specials, _last_index, _titles, serial_mask
+from paradec.parallel.grammar import Specials, last_index, serial_mask, titles_of
 
 
 @dataclass
@@ -119,7 +119,7 @@ class _RowDecoder:
 
     def _open_group(self, length: int) -> None:
         sp = self.sp
-        self.titles = _titles(self.history, sp)
+        self.titles = titles_of(self.history, sp)
         self.forced = [sp.branch_prefix(t) for t in self.titles]
         self.para_slot = length  # <|para|> ends `history` but is not in the cache yet
         self.branch_slots: list[list[int]] = [[] for _ in self.titles]
@@ -153,7 +153,7 @@ class _RowDecoder:
         final ``new`` (a group merges its branches in this order)."""
         new, sp = self.new, self.sp
         if not self.parallel:
-            start = _last_index(new, sp.end_para) + 1 if sp.end_para in new else 0
+            start = last_index(new, sp.end_para) + 1 if sp.end_para in new else 0
             plan = next((i for i in range(start, len(new)) if new[i] == sp.title), len(new))
             return new[:plan]
         out = list(new)
@@ -174,14 +174,14 @@ class _RowDecoder:
             budget_left = self.max_new - len(self.new)  # serial: merged branches are in `new`
             allowed = serial_mask(sp, self.history, self.just_merged, self.vocab, budget_left)
             # bans live only while one title is decoded again (cleared at its end or at <|para|>)
-            if self.title_bans and self.history[_last_index(self.history, sp.title) + 1 :] == self.ban_after:
+            if self.title_bans and self.history[last_index(self.history, sp.title) + 1 :] == self.ban_after:
                 allowed[list(self.title_bans)] = False
             tok = int(logits[-1].float().masked_fill(~allowed.to(logits.device), float("-inf")).argmax())
             self.just_merged = False
             if tok == sp.end_title:
-                start = _last_index(self.history, sp.title)
+                start = last_index(self.history, sp.title)
                 title = self.history[start + 1 :]
-                if sp.core(title) in [sp.core(t) for t in _titles(self.history, sp)]:
+                if sp.core(title) in [sp.core(t) for t in titles_of(self.history, sp)]:
                     # Titles are unique, numbers aside ("4. Reviews" repeats "3. Reviews"). A repeat
                     # is rolled back (history and cache); the title is decoded again with the
                     # repeat's first token after its number banned, up to title_retries times;

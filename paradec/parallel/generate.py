@@ -18,6 +18,7 @@ from paradec.parallel.markup import strip_markup
 from paradec.parallel.quality import well_formed
 from paradec.parallel.spec import SpecRowDecoder, extra_slots
 from paradec.state import Generation, Stats
+from paradec.text import TextStream
 
 
 def _plain(hf, ids: list[int]) -> str:
@@ -26,10 +27,6 @@ def _plain(hf, ids: list[int]) -> str:
     for special in hf.all_special_tokens:  # EOS and any other leftovers
         text = text.replace(special, "")
     return text
-
-
-def _first_stop(text: str, stop: tuple[str, ...]) -> int:
-    return min((text.find(s) for s in stop if s in text), default=-1)
 
 
 def _setup(engine, prompts: list[list[int]], gen) -> tuple[Specials, frozenset, int]:
@@ -79,10 +76,11 @@ def generate_aspd(engine, prompts: list[list[int]], gen) -> list[Generation]:
             extra=extra,
         )
         reason = "eos" if ids and ids[-1] in eos else "length"
-        cut = _first_stop(text, gen.stop)
-        if cut >= 0:  # stop strings end the plain text (the decode itself ran to its end)
-            text, reason = text[:cut], "stop"
-        out.append(Generation(text, ids, reason, stats))
+        plain = TextStream(engine.tokenizer.decode, gen.stop)
+        if plain.show(text):  # stop strings end the plain text (the decode itself ran to its end)
+            reason = "stop"
+        plain.close()
+        out.append(Generation(plain.text, ids, reason, stats))
     return out
 
 
@@ -94,25 +92,17 @@ def stream_aspd(engine, prompt: list[int], gen) -> Generator[str, None, tuple[st
     decode). Returns (finish reason, marked tokens decoded)."""
     hf = engine.tokenizer.hf
     sp, eos, budget = _setup(engine, [prompt], gen)
-    hold = max((len(s) for s in gen.stop), default=1) - 1
-    sent, text, rows, reason = 0, "", [], None
+    text = TextStream(engine.tokenizer.decode, gen.stop)  # shown its plain text anew each pass
+    rows, reason = [], None
     for rows in aspd_steps(engine.model, sp, [prompt], budget, eos, title_retries=gen.spec.title_retries, **_rows(gen)):
-        text = _plain(hf, rows[0].visible()[:budget])
-        cut = _first_stop(text, gen.stop)
-        if cut >= 0:
-            text, reason = text[:cut], "stop"
+        if text.show(_plain(hf, rows[0].visible()[:budget])):
+            reason = "stop"
             break
-        safe = max(sent, len(text) - hold)
-        while safe > sent and text[safe - 1] == "\ufffd":
-            safe -= 1
-        yield text[sent:safe]
-        sent = max(sent, safe)
+        yield text.piece()
     else:
         ids = rows[0].new[:budget] if rows else []
-        text = _plain(hf, ids)
-        cut = _first_stop(text, gen.stop)
-        text = text[:cut] if cut >= 0 else text
-        reason = "stop" if cut >= 0 else "eos" if ids and ids[-1] in eos else "length"
-    if len(text) > sent:
-        yield text[sent:]
+        reason = "stop" if text.show(_plain(hf, ids)) else "eos" if ids and ids[-1] in eos else "length"
+    rest = text.close()
+    if rest:
+        yield rest
     return reason, len(rows[0].new[:budget]) if rows else 0

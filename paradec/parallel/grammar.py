@@ -97,10 +97,10 @@ def serial_mask(
     allowed = torch.ones(vocab, dtype=torch.bool)
     allowed[[sp.end_para, sp.branch, sp.end_branch]] = False
     last = history[-1] if history else None
-    in_titles = sp.title in history and (sp.para not in history[_last_index(history, sp.title) :])
+    in_titles = sp.title in history and (sp.para not in history[last_index(history, sp.title) :])
     room = budget_left is None or budget_left >= _plan_cost([[0], [0]])
     if last == sp.end_title:
-        titles = _titles(history, sp)
+        titles = titles_of(history, sp)
         allowed[:] = False
         allowed[sp.para] = True
         one_more = titles + [[0] * max(1, round(sum(map(len, titles)) / len(titles)))]  # an average title
@@ -112,7 +112,7 @@ def serial_mask(
     elif in_titles and _inside_title(history, sp):
         allowed[[sp.title, sp.para]] = False
         allowed[sp.not_in_titles] = False
-        current = history[_last_index(history, sp.title) + 1 :]
+        current = history[last_index(history, sp.title) + 1 :]
         if len(current) >= MAX_TITLE_TOKENS:
             allowed[:] = False
             allowed[sp.end_title] = True
@@ -129,7 +129,7 @@ def _plan_cost(titles: list[list[int]]) -> int:
     return 2 + sum(len(t) + 3 + MIN_BRANCH_TOKENS for t in titles)
 
 
-def _last_index(seq: list[int], tok: int) -> int:
+def last_index(seq: list[int], tok: int) -> int:
     return len(seq) - 1 - seq[::-1].index(tok)
 
 
@@ -143,9 +143,9 @@ def _inside_title(history: list[int], sp: Specials) -> bool:
     return False
 
 
-def _titles(history: list[int], sp: Specials) -> list[list[int]]:
+def titles_of(history: list[int], sp: Specials) -> list[list[int]]:
     """Token lists of the titles of the current plan (after the last <|/para|>), de-duplicated."""
-    start = _last_index(history, sp.end_para) + 1 if sp.end_para in history else 0
+    start = last_index(history, sp.end_para) + 1 if sp.end_para in history else 0
     out, cur = [], None
     for tok in history[start:]:
         if tok == sp.title:

@@ -32,7 +32,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paradec import methods
 from paradec.errors import ParadecError
-from paradec.parallel.grammar import Specials
 from paradec.serve.worker import Job, QueueFull, Worker
 
 MAX_BODY_BYTES = 1 << 20
@@ -168,18 +167,7 @@ class _Api:
     def __init__(self, worker: Worker, model_name: str, default_method: str, max_tokens_limit: int) -> None:
         self.worker, self.engine, self.model_name = worker, worker.engine, model_name
         self.default_method, self.max_tokens_limit = default_method, max_tokens_limit
-        try:  # ASPD's methods need a model that writes its markup
-            Specials.from_tokenizer(self.engine.tokenizer.hf)
-            aspd = True
-        except ParadecError:
-            aspd = False
-        backend = self.engine.model.backend  # llama.cpp's runs chain methods only
-        self.served = [
-            m
-            for m in methods.names()
-            if backend in methods.get(m).backends
-            and (methods.get(m).drafter is not None or (aspd and "aspd_model" in methods.get(m).needs))
-        ]
+        self.served = [m for m in methods.names() if methods.get(m).available(self.engine)]
 
     def submit(self, req: _Request, ids_of: Callable[[], list[int]]) -> tuple[Job, asyncio.Queue]:
         """Check ``req``, queue its job on the worker; the queue receives its text pieces, then None."""
@@ -412,13 +400,13 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        job, out = api.submit(req, lambda: engine._encode(req.prompt, False))
+        job, out = api.submit(req, lambda: engine.encode(req.prompt, False))
         return await api.respond(req, job, out, False, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, request: Request):
         messages = [m.model_dump() for m in req.messages]
-        job, out = api.submit(req, lambda: engine._encode(messages, True))
+        job, out = api.submit(req, lambda: engine.encode(messages, True))
         return await api.respond(req, job, out, True, request)
 
     return app

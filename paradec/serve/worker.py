@@ -24,6 +24,8 @@ from paradec import methods
 from paradec.config import MAX_TREE_NODES, GenerationConfig
 from paradec.scheduler import Group, Scheduler
 from paradec.serve.metrics import Metrics
+from paradec.state import StepEvent
+from paradec.text import TextStream
 
 # Scratch slots per cache row for a request's trees: a request whose drafter may propose more
 # (several SSMs with wide expansions) is refused with a clear error.
@@ -41,7 +43,7 @@ class Job:
     ids: list[int]
     gen: GenerationConfig
     emit: Callable[[str | None, Job], None]  # called from the worker thread: a text piece, or None at the end
-    sent: int = 0  # characters of visible text emitted
+    text: TextStream | None = None  # its tokens -> its text (the scheduler's methods)
     finish_reason: str = "length"
     completion_tokens: int = 0
     error: str | None = None
@@ -57,7 +59,12 @@ class Worker:
         self.engine = engine
         context = engine.model.config.context_length
         self.scheduler = Scheduler(
-            engine, max_batch, context + 1 + TREE_SCRATCH, engine.budget, interleave_prefill=True
+            engine,
+            max_batch,
+            context + 1 + TREE_SCRATCH,
+            engine.tokenizer.eos_ids,
+            engine.budget,
+            interleave_prefill=True,
         )  # a long prompt does not stop the others
         self.waiting: queue.Queue[Job] = queue.Queue(max_queue)
         self.metrics = metrics or Metrics()
@@ -114,7 +121,7 @@ class Worker:
             t, batch = time.perf_counter(), self.scheduler.cache.batch
             try:
                 for group, event in self.scheduler.step():
-                    self._deliver(self.jobs[group], event.row)
+                    self._deliver(self.jobs[group], event)
             except Exception as exc:  # a bug must not hang every client: fail what runs, serve on
                 self._fail_running(f"the engine failed: {type(exc).__name__}: {exc}")
                 continue
@@ -135,7 +142,6 @@ class Worker:
                     raise StopIteration(("cancelled", job.completion_tokens))
                 piece = next(job.own)
                 if piece:
-                    job.sent += len(piece)
                     job.emit(piece, job)
             except StopIteration as end:
                 job.finish_reason, job.completion_tokens = end.value or ("length", 0)
@@ -175,7 +181,7 @@ class Worker:
                 job = None
                 continue
             try:
-                rows = self.engine._rows([job.ids], job.gen)
+                rows = self.engine.new_rows([job.ids], job.gen)
                 drafter = method.drafter(self.engine, job.gen)
                 if not self.scheduler.fits(rows, drafter):
                     raise ValueError(
@@ -183,6 +189,7 @@ class Worker:
                         f"{drafter.max_nodes} nodes; this server reserves {TREE_SCRATCH}"
                     )
                 self.metrics.prompt_tokens.inc(len(job.ids))
+                job.text = self.engine.text_stream(job.gen)
                 job.group = self.scheduler.admit(rows, job.gen, drafter)
                 self.jobs[job.group] = job
             except Exception as exc:  # a bad request must not take the loop down
@@ -191,9 +198,11 @@ class Worker:
                 job.emit(None, job)
             job = None
 
-    def _deliver(self, job: Job, row_index: int) -> None:
-        row = job.group.rows[row_index]
-        piece, job.sent = self.engine.text_delta(row, job.gen, job.sent)
+    def _deliver(self, job: Job, event: StepEvent) -> None:
+        row = job.group.rows[event.row]
+        if job.text.add(event.token_ids):
+            row.finish("stop")
+        piece = job.text.close() if row.done else job.text.piece()
         if piece:
             job.emit(piece, job)
 
