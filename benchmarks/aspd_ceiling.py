@@ -22,8 +22,8 @@ from pathlib import Path
 from paradec.bench.report import markdown_table, write_json
 from paradec.parallel.extract import code_groups
 from paradec.parallel.pipeline import extract_file, group_passes
+from paradec.stdlib import is_held_out, stdlib_files
 from paradec.tokenizer import load_tokenizer
-from paradec.train.corpus import is_held_out, stdlib_files
 
 COLUMNS = [
     "answers",

@@ -86,7 +86,7 @@ class Server:
 
 def soak(args) -> dict:
     from paradec.bench.prompts import load_prompts
-    from paradec.serve.load import bench_serve
+    from paradec.bench.serve import bench_serve
 
     server = Server(args)
     try:

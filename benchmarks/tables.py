@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from paradec.bench.harness import COLUMNS, summarize
+from paradec.bench.records import COLUMNS, summarize
 from paradec.bench.report import markdown_table
 
 

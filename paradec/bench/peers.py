@@ -1,18 +1,92 @@
-"""The peers ``paradec bench`` measures paradec against, on the same token ids: transformers'
-``generate`` (plain, assisted by a draft model, prompt lookup) and llama.cpp on the same GGUF
-file (llama-cpp-python, an optional extra: plain and its prompt-lookup decoding)."""
+"""What ``paradec bench`` measures: paradec's registered methods (``paradec.methods``) and the
+peers beside them, on the same token ids.
+
+A peer is a ``Peer`` record in ``PEERS``: its name, what it needs loaded, whether it runs at
+batch 1 only or greedy only, whether its tokens should equal the target's `ar`, and which runner
+(``bench.runners``) decodes it: transformers' ``generate`` (plain, assisted by a draft model,
+prompt lookup: ``HFPeer``), llama.cpp on the same GGUF file (llama-cpp-python, an optional extra:
+plain and its prompt-lookup decoding: ``LlamaCppPeer``), an oracle drafter (the reference
+continuation: the acceptance ceiling of a deep chain), the ASPD model's Seq twin and its base.
+A method may carry a runtime after "@" (``ar@int4``, ``ar@llamacpp``): it then runs on the model
+loaded that way, next to the others in one interleaved run.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from paradec import methods
 from paradec.errors import ParadecError
+from paradec.models.quant import QUANTS
 
 LLAMACPP_PLD_TOKENS = 10  # llama-cpp-python's LlamaPromptLookupDecoding default
 HF_PLD_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
 CONTEXT = 4096  # llama.cpp's context for a bench prompt and its answer
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    runner: str  # which runner decodes it: "hf" | "llamacpp" | "oracle" | "twin" | "base" (bench.runners)
+    needs: tuple[str, ...] = ()  # what must be loaded: methods.NEEDS, "twin", "gguf"
+    batch1_only: bool = False  # left out of a batched run
+    greedy_only: bool = False  # left out of a sampled run
+    lossless: bool = True  # its tokens should equal the target's `ar` (a twin or a base decodes another model)
+
+
+PEERS = {
+    p.name: p
+    for p in (
+        Peer("oracle", "oracle", greedy_only=True),
+        Peer("hf", "hf"),
+        Peer("hf-assisted", "hf", needs=("drafts",), batch1_only=True),
+        Peer("hf-pld", "hf", batch1_only=True),
+        Peer("seq-twin", "twin", needs=("aspd_model", "twin"), lossless=False),
+        Peer("base-ar", "base", needs=("aspd_model",), lossless=False),
+        Peer("llamacpp", "llamacpp", needs=("gguf",)),
+        Peer("llamacpp-pld", "llamacpp", needs=("gguf",)),
+    )
+}
+# what may follow a method's "@": a weight format of paradec's torch runtime, or llama.cpp as the
+# runtime of the target's passes (models.llamacpp: ar@llamacpp)
+RUNTIMES = ("auto", *QUANTS, "llamacpp")
+
+
+def bench_methods() -> tuple[str, ...]:
+    """Every name ``--methods`` takes: the registered methods, then the peers."""
+    return (*methods.names(), *PEERS)
+
+
+def split_method(name: str, default_quant: str = "none") -> tuple[str, str]:
+    """ "ar@int4" -> ("ar", "int4"); "ar" -> ("ar", default_quant)."""
+    base, _, quant = name.partition("@")
+    return base, quant or default_quant
+
+
+def lossless(name: str) -> bool:
+    """Whether its tokens should equal the target's `ar`."""
+    base = split_method(name)[0]
+    return PEERS[base].lossless if base in PEERS else methods.get(base).lossless
+
+
+def own_loop(name: str) -> bool:
+    """A registered method with a decode loop of its own (ASPD)."""
+    base = split_method(name)[0]
+    return base not in PEERS and methods.get(base).decode is not None
+
+
+def same_tokens_as(name: str) -> str | None:
+    """The method whose tokens this one must equal, where that is not `ar`."""
+    base = split_method(name)[0]
+    return None if base in PEERS else methods.get(base).same_tokens_as
+
+
+def method_needs(name: str) -> set[str]:
+    base = split_method(name)[0]
+    return set(PEERS[base].needs) if base in PEERS else set(methods.get(base).needs)
 
 
 class HFPeer:

@@ -85,7 +85,7 @@ def stdlib_group_prompts(split: str = "heldout", before: int = 600) -> list[Prom
     over files (first group of every file, then the second, ...). The files come
     from the running Python, so nothing is downloaded and nothing is copied into the repo."""
     from paradec.parallel.extract import code_groups
-    from paradec.train.corpus import is_held_out, stdlib_files
+    from paradec.stdlib import is_held_out, stdlib_files
 
     if split not in ("heldout", "train"):
         raise ParadecError(f"unknown prompt source stdlib:{split}; use stdlib:heldout")

@@ -144,7 +144,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
     try:
         import httpx
 
-        from paradec.serve.load import bench_serve
+        from paradec.bench.serve import bench_serve
     except ImportError as exc:
         raise ParadecError(f'bench-serve needs {exc.name}; install it with pip install -e ".[serve]"') from None
     if args.requests < 1 or args.max_tokens < 1:

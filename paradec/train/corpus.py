@@ -7,29 +7,11 @@ the same Python.
 
 from __future__ import annotations
 
-import sysconfig
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-HELD_OUT_EVERY = 50  # crc32(path) % 50 == 0 -> held out
-
-
-def stdlib_files() -> list[tuple[str, Path]]:
-    """(relative path, path) of every .py file of the stdlib, site-packages excluded, sorted."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if "site-packages" in rel or "dist-packages" in rel:
-            continue
-        out.append((rel, path))
-    return out
-
-
-def is_held_out(rel: str) -> bool:
-    return zlib.crc32(rel.encode()) % HELD_OUT_EVERY == 0
+from paradec.stdlib import is_held_out, stdlib_files
 
 
 def read_split(held_out: bool) -> list[str]:

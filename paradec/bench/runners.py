@@ -1,0 +1,132 @@
+"""One runner per name ``paradec bench`` times: token-id prompts -> (tokens, stats) per prompt.
+
+The engines are loaded once per weight format or runtime a method names (``ar@int4``,
+``ar@llamacpp``); a peer (``bench.peers.PEERS``) is decoded by the runner its record names.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paradec import methods
+from paradec.bench.peers import PEERS, HFPeer, LlamaCppPeer, method_needs, own_loop, split_method
+from paradec.draft.oracle import OracleDrafter
+from paradec.engine import load
+from paradec.errors import ParadecError
+from paradec.models.adapter import is_adapter, read_adapter
+from paradec.models.gguf import resolve_model
+
+
+def _fixed_tree(name: str) -> bool:
+    """Whether method ``name`` verifies a tree of ``tree_nodes`` (Medusa's, EAGLE's; not the cost model's)."""
+    m = methods.get(name)
+    return bool({"heads", "eagle"} & set(m.needs)) and m.decode is None and not m.options.get("dynamic")
+
+
+class Runners:
+    """One callable per method: token-id prompts -> (token ids per prompt, stats per prompt)."""
+
+    def __init__(self, cfg) -> None:  # cfg: bench.harness.BenchConfig
+        self.cfg = cfg
+        model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
+        quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
+        # --tree-nodes N compares drafters at one fixed tree size: the draft budget must not cut them
+        self.engines = {
+            q: load(
+                model_dir,
+                dtype=cfg.dtype,
+                device=cfg.device,
+                drafts=list(cfg.drafts),
+                heads=cfg.heads,
+                eagle=cfg.eagle,
+                exact=cfg.exact,
+                quant=q,
+                quant_head=cfg.quant_head,
+                threads=cfg.threads,
+                batch_budget=cfg.tree_nodes is None,
+                backend="torch",
+            )
+            for q in quants
+            if q != "llamacpp"
+        }
+        if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
+            self.engines["llamacpp"] = load(
+                cfg.model, threads=cfg.threads, batch_budget=cfg.tree_nodes is None, backend="llamacpp"
+            )
+        self.engine = self.engines[cfg.quant]
+        self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
+        self.base = None  # an ASPD adapter's base model: `base-ar`, and the NLL reference nll_base
+        if is_adapter(model_dir) and any("aspd_model" in method_needs(m) for m in cfg.methods):
+            self.base = load(read_adapter(model_dir)[1], dtype=cfg.dtype, device=cfg.device)
+        limits = dict(max_new_tokens=cfg.max_new_tokens, stop_at_eos=cfg.stop_at_eos)
+        by_runner = {
+            kind: [m for m in cfg.methods if m in PEERS and PEERS[m].runner == kind] for kind in ("hf", "llamacpp")
+        }
+        self.llamacpp = None
+        if by_runner["llamacpp"]:
+            self.llamacpp = LlamaCppPeer(
+                cfg.model,
+                by_runner["llamacpp"],
+                cfg.threads or torch.get_num_threads(),
+                cfg.seed,
+                eos=self.engine.tokenizer.eos_ids,
+                **limits,
+            )
+        self.hf = None
+        if by_runner["hf"]:
+            self.hf = HFPeer(
+                model_dir,
+                cfg.drafts[0] if "drafts" in set().union(*(PEERS[m].needs for m in by_runner["hf"])) else None,
+                self.engine.format.dtype,
+                cfg.device,
+                temperature=cfg.temperature,
+                **limits,
+            )
+        # a peer's name -> how it is decoded (a registered method: ``_method``)
+        self._peer_runners = {
+            "oracle": self._oracle,
+            "hf": lambda name, batch, _: (self.hf.run(name, batch), [None] * len(batch)),
+            "llamacpp": lambda name, batch, _: (self.llamacpp.run(name, batch), [None] * len(batch)),
+            "twin": lambda name, batch, _: self._generate(self.twin, batch, {}),
+            "base": self._base,
+        }
+
+    def options(self) -> dict:
+        c = self.cfg
+        return dict(
+            max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=c.seed, ignore_eos=not c.stop_at_eos
+        )
+
+    def run(self, method: str, batch: list[list[int]], reference: list[list[int]] | None):
+        """``method``'s tokens and stats per prompt of ``batch`` (``reference``: `ar`'s tokens, which
+        the oracle follows)."""
+        if method in PEERS:
+            return self._peer_runners[PEERS[method].runner](method, batch, reference)
+        return self._method(method, batch)
+
+    def _method(self, method: str, batch: list[list[int]]):
+        base, quant = split_method(method, self.cfg.quant)
+        engine = self.engines[quant]
+        opts = {}
+        if self.cfg.expansion is not None and "drafts" in method_needs(method):
+            opts["expansion"] = self.cfg.expansion
+        if self.cfg.tree_nodes is not None and _fixed_tree(base):
+            opts["tree_nodes"] = self.cfg.tree_nodes
+        out = engine.generate(batch, method=base, **opts, **self.options())
+        if own_loop(method):  # its own text (ASPD: markup is overhead, not output)
+            return [engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
+        return [g.token_ids for g in out], [g.stats for g in out]
+
+    def _generate(self, engine, batch: list[list[int]], opts: dict):
+        out = engine.generate(batch, **opts, **self.options())
+        return [g.token_ids for g in out], [g.stats for g in out]
+
+    def _oracle(self, name: str, batch: list[list[int]], reference: list[list[int]]):
+        vocab = self.engine.model.config.vocab_size
+        drafter = OracleDrafter([p + r for p, r in zip(batch, reference)], (1,) * self.cfg.oracle_depth, 1.0, vocab)
+        return self._generate(self.engine, batch, {"drafter": drafter})
+
+    def _base(self, name: str, batch: list[list[int]], _):
+        if self.base is None:
+            raise ParadecError("base-ar runs an ASPD adapter's base model; pass model=ADAPTER_DIR")
+        return self._generate(self.base, batch, {})
