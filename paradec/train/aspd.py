@@ -15,15 +15,15 @@ and a plain causal mask: the fair baseline for speed and quality.
 
 Both are LoRA adapters over every linear of every layer, plus trained embedding rows for the
 ASPD tokens (the base never saw them), on a frozen base; a few MB each, merged at load time.
-State (adapter, AdamW, step, RNG) is saved atomically every ``save_every`` steps, so a killed
-run resumes; ``log.jsonl`` keeps the loss curve with held-out losses.
+The loop is ``train.loop``'s: its state (adapter, AdamW, step) is saved atomically every
+``save_every`` steps, so a killed run resumes; ``log.jsonl`` keeps the loss curve with held-out
+losses.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,7 +31,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
-from tqdm import tqdm
 
 from paradec.errors import ParadecError
 from paradec.models import load_model
@@ -40,7 +39,7 @@ from paradec.models.gguf import resolve_model
 from paradec.parallel.grammar import Specials
 from paradec.train.aspd_data import Example, collate, examples_from_sources
 from paradec.train.corpus import read_split
-from paradec.train.lm import cosine_lr, save_atomic
+from paradec.train.loop import loop_spec, train_loop
 
 
 @dataclass(frozen=True)
@@ -163,7 +162,6 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
     if cfg.twin:
         new_tokens = ()  # the twin never sees the markers: the base's vocabulary as it is
 
-    t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = load_model(base_dir, torch.float32).requires_grad_(False)
     extend_vocab(model, len(new_tokens))
@@ -173,16 +171,14 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     per_epoch = len(train_seqs) // cfg.batch_size
     total = max(1, int(cfg.epochs * per_epoch))
-    step, tokens_seen, elapsed = 0, 0, 0.0
-    state_path = run_dir / "state.pt"
-    if state_path.exists():
-        st = torch.load(state_path, weights_only=False)
-        adapter.load_state_dict(st["adapter"])
-        opt.load_state_dict(st["opt"])
-        step, tokens_seen, elapsed = st["step"], st["tokens_seen"], st["elapsed"]
 
-    def order(epoch: int) -> np.ndarray:
-        return np.random.default_rng(cfg.seed + epoch).permutation(len(train_seqs))
+    def batch_loss(step: int) -> tuple[torch.Tensor, dict]:
+        epoch, k = divmod(step, per_epoch)
+        picked = np.random.default_rng(cfg.seed + epoch).permutation(len(train_seqs))
+        picked = picked[k * cfg.batch_size : (k + 1) * cfg.batch_size]
+        batch = [train_seqs[i] for i in picked]
+        loss = _loss(model, adapter, batch, b_open, b_close, [train_from[i] for i in picked])
+        return loss, {"+tokens_seen": sum(len(s) - 1 - train_from[i] for s, i in zip(batch, picked))}
 
     @torch.no_grad()
     def heldout_loss() -> float:
@@ -192,66 +188,20 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         ]
         return round(float(np.mean(losses)), 4)
 
-    def checkpoint() -> None:
-        save_atomic(
-            {
-                "adapter": adapter.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "tokens_seen": tokens_seen,
-                "elapsed": elapsed + time.perf_counter() - t0,
-                "config": asdict(cfg),
-            },
-            state_path,
-        )
-
-    log = (run_dir / "log.jsonl").open("a")
-    budget = cfg.minutes * 60 if cfg.minutes else float("inf")
-    bar = tqdm(total=total, initial=step, desc=run_dir.name, unit="step", dynamic_ncols=True)
-    last_eval = None
-    if step == 0:
-        log.write(json.dumps({"step": 0, "heldout_loss": heldout_loss()}) + "\n")
-    while step < total and time.perf_counter() - t0 < budget:
-        epoch, k = divmod(step, per_epoch)
-        picked = order(epoch)[k * cfg.batch_size : (k + 1) * cfg.batch_size]
-        batch = [train_seqs[i] for i in picked]
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, total, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-        loss = _loss(model, adapter, batch, b_open, b_close, [train_from[i] for i in picked])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(adapter.parameters(), cfg.grad_clip)
-        opt.step()
-        step += 1
-        tokens_seen += sum(len(s) - 1 - train_from[i] for s, i in zip(batch, picked))
-        rec = {
-            "step": step,
-            "loss": round(loss.item(), 4),
-            "tokens_seen": tokens_seen,
-            "elapsed_s": round(elapsed + time.perf_counter() - t0, 1),
-        }
-        if step % cfg.eval_every == 0 or step == total:
-            last_eval = rec["heldout_loss"] = heldout_loss()
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
-        bar.update(1)
-        bar.set_postfix(loss=rec["loss"], heldout=last_eval)
-        if step % cfg.save_every == 0:
-            checkpoint()
-    bar.close()
-    checkpoint()
-    elapsed += time.perf_counter() - t0
+    spec = loop_spec(cfg, run_dir, total, eval_at_start=True)
+    res = train_loop(spec, {"adapter": adapter}, opt, batch_loss, lambda: {"heldout_loss": heldout_loss()})
+    final_loss = heldout_loss()
     summary = {
         "kind": "seq-twin" if cfg.twin else "aspd",
-        "steps": step,
+        "steps": res.step,
         "total_steps": total,
         "train_examples": len(train_seqs),
         "heldout_examples": len(held_seqs),
-        "tokens_seen": tokens_seen,
-        "wall_s": round(elapsed, 1),
-        "heldout_loss": heldout_loss(),
+        "tokens_seen": res.counters.get("tokens_seen", 0),
+        "wall_s": round(res.elapsed, 1),
+        "heldout_loss": final_loss,
         "trainable_params": sum(p.numel() for p in adapter.parameters()),
-        "done": step >= total,
+        "done": res.done,
         "config": asdict(cfg),
     }
     if summary["done"]:

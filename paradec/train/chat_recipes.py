@@ -196,6 +196,7 @@ def train_chat_heads(
         epochs,
         batch=batch,
         cache=run_dir / "heads_features.pt",
+        run_dir=run_dir / "heads",
     )
     meta["answers_train"], meta["answers_heldout"] = len(train_recs), len(held_recs)
     tmp = Path(out_dir) / "heads.json.tmp"

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from paradec.errors import ParadecError
 from paradec.models.eagle import EagleHead, load_eagle
 from paradec.train.chat_data import chat_conversations, load_questions
 from paradec.train.chat_recipes import target_answers
-from paradec.train.lm import cosine_lr, save_atomic
+from paradec.train.loop import loop_spec, save_atomic, train_loop
 
 FEATURES_FORMAT = 2  # eagle_features.pt: {"format", "seqs": {seq_key: (features [n, hidden], labels [n])}}
 
@@ -243,28 +242,14 @@ def train_eagle(
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     per_epoch = max(1, len(train) // cfg.batch_seqs)
     total = max(1, int(cfg.epochs * per_epoch))
-    state_path = run_dir / "eagle_state.pt"
-    step, elapsed = 0, 0.0
-    run_key = [cfg.draft_vocab, len(train), total, cfg.init] + (
-        [cfg.ttt_steps] if cfg.ttt_steps > 1 else []
-    )  # a resumed run must be this run
-    st = torch.load(state_path, weights_only=False) if state_path.exists() else None
-    finished = st is not None and st.get("run_key") is not None and st["step"] >= st["run_key"][2]
-    if st is not None and st.get("run_key") != run_key and not finished:
-        raise ParadecError(
-            f"{state_path} holds an unfinished run with other data, epochs or draft vocabulary; rerun "
-            "that one to finish it, or pass a new --run-dir (or delete that file to start over)"
-        )
-    if st is not None and st.get("run_key") == run_key:  # resume; a finished other run's state is replaced
-        head.load_state_dict(st["head"])
-        opt.load_state_dict(st["opt"])
-        step, elapsed = st["step"], st["elapsed"]
 
-    def save_state(seconds: float) -> None:
-        save_atomic(
-            {"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "run_key": run_key, "elapsed": seconds},
-            state_path,
-        )
+    def batch_loss(step: int) -> tuple[torch.Tensor, dict]:
+        epoch, k = divmod(step, per_epoch)
+        order = np.random.default_rng(cfg.seed + epoch).permutation(len(train))
+        idx = order[k * cfg.batch_seqs : (k + 1) * cfg.batch_seqs]
+        seqs, feats_, labels_ = [train[i] for i in idx], [f_train[i] for i in idx], [l_train[i] for i in idx]
+        loss, hits, n = _batch_loss(head, embed, lm_w, seqs, feats_, labels_, cfg.cls_weight, cfg.ttt_steps)
+        return loss, {"top1": round(hits[0] / max(1, n[0]), 4)}
 
     @torch.no_grad()
     def heldout() -> dict:
@@ -280,62 +265,31 @@ def train_eagle(
         out = {"heldout_loss": round(float(np.mean(losses)), 4), "heldout_top1": top1[0]}
         return out | ({"heldout_top1_per_step": top1} if cfg.ttt_steps > 1 else {})
 
-    t0 = time.perf_counter()
-    log = (run_dir / "eagle_log.jsonl").open("a")
-    if step == 0:
-        log.write(json.dumps({"step": 0, **heldout()}) + "\n")
-    budget = cfg.minutes * 60 if cfg.minutes else float("inf")
-    bar = tqdm(total=total, initial=step, desc="eagle", unit="step", dynamic_ncols=True)
-    while step < total and time.perf_counter() - t0 < budget:
-        epoch, k = divmod(step, per_epoch)
-        idx = np.random.default_rng(cfg.seed + epoch).permutation(len(train))[
-            k * cfg.batch_seqs : (k + 1) * cfg.batch_seqs
-        ]
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, total, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-        loss, hits, n = _batch_loss(
-            head,
-            embed,
-            lm_w,
-            [train[i] for i in idx],
-            [f_train[i] for i in idx],
-            [l_train[i] for i in idx],
-            cfg.cls_weight,
-            cfg.ttt_steps,
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-        opt.step()
-        step += 1
-        rec = {
-            "step": step,
-            "loss": round(loss.item(), 4),
-            "top1": round(hits[0] / max(1, n[0]), 4),
-            "elapsed_s": round(elapsed + time.perf_counter() - t0, 1),
-        }
-        if step % per_epoch == 0 or step == total:
-            rec.update(heldout())
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
-        bar.update(1)
-        bar.set_postfix(loss=rec["loss"], top1=rec["top1"])
-        if step % cfg.save_every == 0:
-            save_state(elapsed + time.perf_counter() - t0)
-    bar.close()
-    elapsed += time.perf_counter() - t0
-    save_state(elapsed)
+    # a resumed run must be this run: its data, length, draft vocabulary and warm start
+    run_key = [cfg.draft_vocab, len(train), total, cfg.init] + ([cfg.ttt_steps] if cfg.ttt_steps > 1 else [])
+    spec = loop_spec(
+        cfg,
+        run_dir,
+        total,
+        eval_every=per_epoch,
+        eval_at_start=True,
+        run_key=run_key,
+        state_file="eagle_state.pt",
+        log_file="eagle_log.jsonl",
+        label="eagle",
+    )
+    res = train_loop(spec, {"head": head}, opt, batch_loss, heldout)
     summary = {
-        "steps": step,
+        "steps": res.step,
         "total_steps": total,
-        "done": step >= total,
+        "done": res.done,
         "train_sequences": len(train),
         "train_sequences_target": own,
         "draft_vocab": None if head.vocab is None else len(head.vocab),
         "heldout_label_coverage": round(coverage, 4),
         "heldout_sequences": len(held),
         "train_tokens": sum(map(len, train)),
-        "wall_s": round(elapsed, 1),
+        "wall_s": round(res.elapsed, 1),
         **heldout(),
         "params": sum(p.numel() for p in head.parameters()),
         "config": asdict(cfg),

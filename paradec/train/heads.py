@@ -13,6 +13,7 @@ ProPD's online statistics.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +21,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from paradec.config import DEFAULT_TREE_NODES
 from paradec.engine import load
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.train.boost import continuation_samples
 from paradec.train.corpus import load_or_encode
-from paradec.train.lm import save_atomic
+from paradec.train.loop import LoopSpec, save_atomic, train_loop
 from paradec.tree.builders import expected_accepted, top_paths
 
 RANKS = 8
@@ -158,12 +158,14 @@ def fit_heads(
     tree_nodes: int = DEFAULT_TREE_NODES,
     batch: int = 2048,
     cache: Path | None = None,
+    run_dir: Path | None = None,
 ) -> dict:
     """Train Medusa heads + the early head on self-distillation samples (frozen target).
 
     train, held: (sequences, spans): positions t in span (lo, hi) of a sequence are followed by
     the target's own greedy text. batch: positions per optimizer step. cache: a file that keeps
     the target's features between runs (they cost a pass of the target over every sequence).
+    run_dir: where the loop's checkpoint and log go (``train.loop``: a killed run resumes).
     """
     t0 = time.perf_counter()
     layer = early_layer if early_layer is not None else max(1, model.config.num_layers // 4)
@@ -186,18 +188,27 @@ def fit_heads(
     steps = epochs * ((n + batch - 1) // batch)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     rng = np.random.default_rng(0)
-    log = []
-    for step in tqdm(range(steps), desc="heads", unit="step", dynamic_ncols=True):
+
+    def batch_loss(_: int) -> tuple[torch.Tensor, dict]:
         idx = torch.from_numpy(rng.integers(0, n, batch))
         losses, early_loss = head_losses(medusa, early, lm_head, data.hn[idx], data.hm[idx], data.labels[idx])
-        loss = sum(losses) / len(losses) + early_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        if step % 50 == 0 or step == steps - 1:
-            log.append({"step": step, "loss": round(loss.item(), 4)})
+        return sum(losses) / len(losses) + early_loss, {}
+
+    with tempfile.TemporaryDirectory() as scratch:  # no run_dir: a run that is not resumed
+        run = Path(run_dir or scratch)
+        spec = LoopSpec(
+            run,
+            steps,
+            lr,
+            eval_every=steps,
+            save_every=max(25, steps),
+            label="heads",
+            state_file="heads_state.pt",
+            log_file="heads_log.jsonl",
+        )
+        train_loop(spec, {"medusa": medusa, "early": early}, opt, batch_loss, dict, scheduler=sched, rng=rng)
+        log = [json.loads(line) for line in (run / spec.log_file).read_text().splitlines()]
+    log = [{"step": r["step"] - 1, "loss": r["loss"]} for r in log if (r["step"] - 1) % 50 == 0 or r["step"] == steps]
     medusa, early = medusa.eval(), early.eval()
     acc = accuracies(medusa, early, lm_head, data_h)
     paths = top_paths(acc["rank_accuracy"], tree_nodes)

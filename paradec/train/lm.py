@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from paradec.config import ModelConfig
 from paradec.models import Transformer, save_model
+from paradec.train.loop import loop_spec, train_loop
 
 
 @dataclass(frozen=True)
@@ -74,18 +73,6 @@ def init_weights(model: Transformer) -> None:
         torch.nn.init.normal_(p, std=std)
 
 
-def cosine_lr(step: int, total: int, lr: float, min_lr: float, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine from ``lr`` to ``min_lr`` at ``total``."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    frac = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * frac))
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    return cosine_lr(step, cfg.max_steps, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-
-
 def lm_loss(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(x)
@@ -94,16 +81,11 @@ def lm_loss(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
 
 @torch.no_grad()
 def evaluate(model: Transformer, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    was_training = model.training
     model.eval()
     losses = [lm_loss(model, x, y).item() for x, y in batches]
-    model.train()
+    model.train(was_training)
     return float(np.mean(losses))
-
-
-def save_atomic(obj, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
 
 
 def train_lm(
@@ -116,8 +98,6 @@ def train_lm(
 ) -> dict:
     """Train (or resume) in ``run_dir``; returns the summary also written to summary.json."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state_path = run_dir / "state.pt"
     torch.manual_seed(cfg.seed)
     model = Transformer(model_cfg)
     init_weights(model)
@@ -126,77 +106,28 @@ def train_lm(
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, fused=False
     )
-    step, tokens_seen, elapsed = 0, 0, 0.0
     rng = np.random.default_rng(cfg.seed)
-    if state_path.exists():
-        st = torch.load(state_path, weights_only=False)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step, tokens_seen, elapsed = st["step"], st["tokens_seen"], st["elapsed"]
-        rng.bit_generator.state = st["rng"]
-    model.train()
-    log = (run_dir / "log.jsonl").open("a")
-    t0 = time.perf_counter()
-    budget = cfg.minutes * 60 if cfg.minutes else float("inf")
-    bar = tqdm(total=cfg.max_steps, initial=step, desc=run_dir.name, unit="step", dynamic_ncols=True)
-    last_eval = None
 
-    def checkpoint() -> None:
-        save_atomic(
-            {
-                "model": model.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "tokens_seen": tokens_seen,
-                "elapsed": elapsed + time.perf_counter() - t0,
-                "rng": rng.bit_generator.state,
-                "config": asdict(cfg),
-            },
-            state_path,
-        )
+    def batch_loss(_: int) -> tuple[torch.Tensor, dict]:
+        x, y = train.sample(cfg.batch_size, cfg.seq_len, rng)  # inputs, labels [batch, seq_len]
+        return lm_loss(model, x, y), {"+tokens_seen": int((y != -100).sum())}
 
-    while step < cfg.max_steps and time.perf_counter() - t0 < budget:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        x, y = train.sample(cfg.batch_size, cfg.seq_len, rng)
-        loss = lm_loss(model, x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        step += 1
-        tokens_seen += int((y != -100).sum())
-        rec = {
-            "step": step,
-            "loss": round(loss.item(), 4),
-            "lr": lr_at(step - 1, cfg),
-            "tokens_seen": tokens_seen,
-            "elapsed_s": round(elapsed + time.perf_counter() - t0, 1),
-        }
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            last_eval = rec["heldout_loss"] = round(evaluate(model, heldout), 4)
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
-        bar.update(1)
-        bar.set_postfix(loss=rec["loss"], heldout=last_eval)
-        if step % cfg.save_every == 0:
-            checkpoint()
-    bar.close()
-    checkpoint()
-    elapsed += time.perf_counter() - t0
+    spec = loop_spec(cfg, run_dir, cfg.max_steps)
+    res = train_loop(
+        spec, {"model": model}, opt, batch_loss, lambda: {"heldout_loss": round(evaluate(model, heldout), 4)}, rng=rng
+    )
     heldout_loss = evaluate(model, heldout)
     summary = {
-        "steps": step,
+        "steps": res.step,
         "max_steps": cfg.max_steps,
-        "tokens_seen": tokens_seen,
-        "wall_s": round(elapsed, 1),
+        "tokens_seen": res.counters.get("tokens_seen", 0),
+        "wall_s": round(res.elapsed, 1),
         "heldout_loss": round(heldout_loss, 4),
         "heldout_ppl": round(math.exp(heldout_loss), 3),
         "params": sum(p.numel() for p in model.parameters()),
-        "done": step >= cfg.max_steps,
+        "done": res.done,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    model.eval()
     summary["model"] = model
     return summary
 
