@@ -13,165 +13,31 @@ from pathlib import Path
 
 from paradec import methods
 from paradec.cli.common import Parser, add_model_args, flag_message, model_and_drafters, writable_dir
+from paradec.cli.options import add_sampling, add_spec, generation_options, int_list, method_help
 from paradec.cli.serve import add_serve_parsers, cmd_bench_serve, cmd_serve
 from paradec.cli.train import add_train_parser, cmd_train
-from paradec.config import (
-    ACCEPTORS,
-    DEFAULT_TREE_NODES,
-    EAGLE_TREE_NODES,
-    PLD_DRAFT,
-    GenerationConfig,
-    SamplingConfig,
-    SpecConfig,
-)
 from paradec.errors import ParadecError
 from paradec.models.quant import QUANTS
-
-
-def _add_sampling(p: argparse.ArgumentParser) -> None:
-    gen, sampling = GenerationConfig(), SamplingConfig()  # defaults come from the config records
-    p.add_argument("--max-new-tokens", type=int, default=gen.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=sampling.temperature, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=sampling.top_p)
-    p.add_argument("--top-k", type=int, default=sampling.top_k)
-    p.add_argument("--seed", type=int, default=sampling.seed)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep going past EOS (benchmarks)")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-# --flag -> SpecConfig field (and the value a bare switch sets). Only flags given on the command
-# line reach the engine, so a method's own options (medusa-63's tree size, specinfer+ngram's
-# lookup) hold unless a flag overrides them; the defaults shown in --help are SpecConfig's.
-SPEC_FLAGS = {
-    "expansion": "expansion",
-    "with_ngram": "with_ngram",
-    "ngram": "max_ngram",
-    "num_draft": "num_draft",
-    "ngram_branches": "ngram_branches",
-    "acceptor": "acceptor",
-    "tree_nodes": "tree_nodes",
-    "no_prune": "prune",
-    "static_tree": "dynamic",
-    "step_scores": "step_scores",
-    "prune_topk": "prune_topk",
-    "title_retries": "title_retries",
-    "deterministic": "deterministic",
-    "eagle_topk": "eagle_topk",
-    "eagle_depth": "eagle_depth",
-    "aspd_draft": "aspd_draft",
-}
-
-
-def _add_spec(p: argparse.ArgumentParser) -> None:
-    d = SpecConfig()
-    quiet = dict(default=argparse.SUPPRESS)
-    p.add_argument(
-        "--expansion",
-        type=_int_list,
-        **quiet,
-        help=f"SSM children per tree level (default {','.join(map(str, d.expansion))})",
-    )
-    p.add_argument("--with-ngram", action="store_true", **quiet, help="specinfer: merge prompt lookup into the tree")
-    p.add_argument("--ngram", type=int, **quiet, help=f"prompt lookup: longest suffix to match (default {d.max_ngram})")
-    p.add_argument(
-        "--num-draft",
-        type=int,
-        **quiet,
-        help="prompt lookup: exactly this many tokens per branch "
-        "(default: by the matched suffix's length, "
-        + ", ".join(f"{per} a matched token up to {most} for {q}" for q, (per, most) in PLD_DRAFT.items())
-        + ")",
-    )
-    p.add_argument(
-        "--ngram-branches",
-        type=int,
-        **quiet,
-        help=f"prompt lookup: distinct continuations (default {d.ngram_branches})",
-    )
-    p.add_argument(
-        "--acceptor",
-        choices=ACCEPTORS,
-        **quiet,
-        help=f"sampling acceptance (default {d.acceptor}; typical is LOSSY: medusa's typical acceptance)",
-    )
-    p.add_argument(
-        "--tree-nodes",
-        type=int,
-        **quiet,
-        help=f"medusa: static tree size (default: the heads' own, else {DEFAULT_TREE_NODES}); eagle: nodes "
-        f"verified (default {EAGLE_TREE_NODES})",
-    )
-    p.add_argument(
-        "--eagle-topk",
-        type=int,
-        **quiet,
-        help=f"eagle: children per expanded node and nodes expanded per depth (default {d.eagle_topk})",
-    )
-    p.add_argument(
-        "--eagle-depth", type=int, **quiet, help=f"eagle: depth of the drafted tree (default {d.eagle_depth})"
-    )
-    p.add_argument(
-        "--aspd-draft",
-        type=int,
-        **quiet,
-        help="aspd: prompt-lookup tokens drafted after every branch and serial token (aspd+spec: 4)",
-    )
-    p.add_argument("--no-prune", action="store_false", **quiet, help="propd: switch early pruning off (ablation)")
-    p.add_argument("--static-tree", action="store_false", **quiet, help="propd: fixed tree size (ablation)")
-    p.add_argument(
-        "--step-scores",
-        action="store_true",
-        **quiet,
-        help="propd: score tree nodes by this step's head probabilities (calibrated online), not average "
-        "rank acceptance; a tree per row",
-    )
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        **quiet,
-        help="medusa/propd: a fixed-size tree from this call's statistics, never from measured time, so "
-        "--seed fixes sampled text (propd then prunes every pass)",
-    )
-    p.add_argument(
-        "--prune-topk",
-        type=int,
-        **quiet,
-        help=f"propd: keep nodes in the parent's early top-k (default {d.prune_topk})",
-    )
-    p.add_argument(
-        "--title-retries",
-        type=int,
-        **quiet,
-        help=f"aspd: decode a title that repeats the plan again this often (0: a repeat ends the plan; "
-        f"default {d.title_retries})",
-    )
-
-
-def spec_options(args: argparse.Namespace) -> dict:
-    """The SpecConfig options given on the command line (and only those)."""
-    return {field: getattr(args, flag) for flag, field in SPEC_FLAGS.items() if hasattr(args, flag)}
-
-
-def _method_help() -> str:
-    return "; ".join(f"{m.name}: {m.summary}" for m in methods.methods()) + " (default: ar)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="paradec", description="Lossless fast decoding for Hugging Face-format LLMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    _add_decode_parsers(sub)
+    add_serve_parsers(sub)
+    _add_tool_parsers(sub)
+    _add_bench_parser(sub)
+    add_train_parser(sub)
+    return parser
 
+
+def _add_decode_parsers(sub) -> None:
+    """generate and chat."""
     g = sub.add_parser("generate", help="generate text for one prompt")
     add_model_args(g)
-    g.add_argument("--method", default="ar", choices=methods.names(), metavar="METHOD", help=_method_help())
-    _add_sampling(g)
-    _add_spec(g)
+    g.add_argument("--method", default="ar", choices=methods.names(), metavar="METHOD", help=method_help())
+    add_sampling(g)
+    add_spec(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object (last stdout line)")
     g.add_argument("prompt")
@@ -183,14 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="ar",
         choices=[m.name for m in methods.methods() if m.drafter],
         metavar="METHOD",
-        help=_method_help(),
+        help=method_help(),
     )
     c.add_argument("--system", default=None, help="system message")
-    _add_sampling(c)
-    _add_spec(c)
+    add_sampling(c)
+    add_spec(c)
 
-    add_serve_parsers(sub)
 
+def _add_tool_parsers(sub) -> None:
+    """convert, demo, doctor, aspd."""
     cv = sub.add_parser("convert", help="convert a model file to a Hugging Face directory")
     cvsub = cv.add_subparsers(dest="what", required=True, parser_class=Parser)
     cg = cvsub.add_parser("gguf", help="GGUF (llama/mistral/qwen2; F32..Q8_0, Q4_K..Q6_K) -> HF directory")
@@ -218,7 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--model", default=None, help="a model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     dr.add_argument("--remeasure", action="store_true", help="measure again instead of reading the cache")
     dr.add_argument("--json", action="store_true", help="print one JSON object")
+    a = sub.add_parser("aspd", help="ASPD tools")
+    asub = a.add_subparsers(dest="what", required=True, parser_class=Parser)
+    ae = asub.add_parser("extract", help="find independent segments in answers (jsonl in, jsonl out + stats)")
+    ae.add_argument("input")
+    ae.add_argument("output")
+    ae.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the independence judge")
+    ae.add_argument("--judge-model", default="gpt-4o")
+    ae.add_argument("--tokenizer", default=None, help="count tokens with this HF tokenizer (default: words)")
 
+
+def _add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="side-by-side benchmark: paradec methods vs transformers peers")
     add_model_args(b, backend=False)  # a method's runtime is its name's: ar@llamacpp
     b.add_argument("--methods", default="ar,hf,pld", help="comma-separated: " + ", ".join(_bench_methods()))
@@ -246,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
     b.add_argument(
         "--expansion",
-        type=_int_list,
+        type=int_list,
         default=None,
         help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)",
     )
@@ -269,37 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--out", required=True, help="directory for results.json, results.md, *.png")
 
-    a = sub.add_parser("aspd", help="ASPD tools")
-    asub = a.add_subparsers(dest="what", required=True, parser_class=Parser)
-    ae = asub.add_parser("extract", help="find independent segments in answers (jsonl in, jsonl out + stats)")
-    ae.add_argument("input")
-    ae.add_argument("output")
-    ae.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the independence judge")
-    ae.add_argument("--judge-model", default="gpt-4o")
-    ae.add_argument("--tokenizer", default=None, help="count tokens with this HF tokenizer (default: words)")
-
-    add_train_parser(sub)
-    return parser
-
-
-def _generation_options(args: argparse.Namespace) -> dict:
-    return dict(
-        method=args.method,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop=args.stop,
-        ignore_eos=args.ignore_eos,
-        **spec_options(args),
-    )
-
 
 def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
 
-    methods.generation_config(**_generation_options(args))  # bad options fail now, not after the load
+    methods.generation_config(**generation_options(args))  # bad options fail now, not after the load
     model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
     engine = paradec.load(
         model,
@@ -315,7 +166,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         backend=args.backend,
         methods_used=(args.method,),
     )
-    kwargs = dict(_generation_options(args), chat=args.chat)
+    kwargs = dict(generation_options(args), chat=args.chat)
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
         print(json.dumps(out.as_dict()))
@@ -330,7 +181,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     import paradec
     from paradec.chat import chat_loop
 
-    methods.generation_config(**_generation_options(args))  # bad options fail now, not after the load
+    methods.generation_config(**generation_options(args))  # bad options fail now, not after the load
     if args.system is not None:
         try:
             args.system.encode("utf-8")
@@ -354,7 +205,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets", file=sys.stderr)
     # undecodable bytes reach the tokenizer's UTF-8 check (one line, the chat goes on), not a traceback
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
-    chat_loop(engine, _generation_options(args), args.system, stdin=stdin)
+    chat_loop(engine, generation_options(args), args.system, stdin=stdin)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
