@@ -89,99 +89,116 @@ def train_loop(
     rng=None,
 ) -> LoopResult:
     """Run (or resume) ``spec.total`` steps. ``step(i)`` -> (loss of step i's batch, fields for the
-    log; numeric fields named in ``counters`` style, ``+name``, are summed across steps and
-    invocations). ``heldout()`` -> held-out metrics (in eval mode, no grad). ``scheduler``: a torch
-    LR scheduler stepped after every optimizer step, instead of the cosine schedule. ``rng``: a
+    log; a field named ``+name`` is a counter, summed across steps and invocations). ``heldout()``
+    -> held-out metrics (run in eval mode, without gradients). ``scheduler``: a torch LR
+    scheduler stepped after every optimizer step, instead of the cosine schedule. ``rng``: a
     numpy Generator whose state is saved and restored with the checkpoint."""
     spec.run_dir.mkdir(parents=True, exist_ok=True)
-    path = spec.run_dir / spec.state_file
+    ckpt = _Checkpoint(spec, parts, opt, scheduler, rng)
+    res = ckpt.load()
     params = [p for part in parts.values() for p in part.parameters() if p.requires_grad]
-    res = LoopResult(0, 0.0, {}, None)
-    st = torch.load(path, weights_only=False) if path.exists() else None
-    if st is not None and st.get("run_key") != spec.run_key:
-        if st["step"] < (st.get("total") or 0):
-            raise ParadecError(
-                f"{path} holds an unfinished run with other data or settings; rerun that one to finish "
-                "it, or pass a new --run-dir (or delete that file to start over)"
-            )
-        st = None  # a finished run of another configuration: start over
-    if st is not None:
-        for name, part in parts.items():
-            part.load_state_dict(st[name])
-        opt.load_state_dict(st["opt"])
-        if scheduler is not None:
-            scheduler.load_state_dict(st["scheduler"])
-        if rng is not None:
-            rng.bit_generator.state = st["rng"]
-        res.step, res.elapsed, res.counters = st["step"], st["elapsed"], st.get("counters", {})
-    t0 = time.perf_counter()
-
-    def checkpoint() -> None:
-        save_atomic(
-            {
-                **{name: part.state_dict() for name, part in parts.items()},
-                "opt": opt.state_dict(),
-                "scheduler": None if scheduler is None else scheduler.state_dict(),
-                "rng": None if rng is None else rng.bit_generator.state,
-                "step": res.step,
-                "total": spec.total,
-                "elapsed": res.elapsed + time.perf_counter() - t0,
-                "counters": res.counters,
-                "run_key": spec.run_key,
-                "config": spec.config,
-            },
-            path,
-        )
-
-    def evaluate() -> dict:
-        for part in parts.values():
-            part.eval()
-        with torch.no_grad():
-            out = heldout()
-        for part in parts.values():
-            part.train()
-        return out
-
-    for part in parts.values():
-        part.train()
-    budget = spec.minutes * 60 if spec.minutes else float("inf")
+    t0, budget = time.perf_counter(), spec.minutes * 60 if spec.minutes else float("inf")
+    _set_mode(parts, train=True)
     with (spec.run_dir / spec.log_file).open("a") as log:
         if spec.eval_at_start and res.step == 0:
-            log.write(json.dumps({"step": 0, **evaluate()}) + "\n")
+            log.write(json.dumps({"step": 0, **_evaluate(parts, heldout)}) + "\n")
         bar = tqdm(total=spec.total, initial=res.step, desc=spec.label, unit="step", dynamic_ncols=True)
         while res.step < spec.total and time.perf_counter() - t0 < budget:
-            if scheduler is None:
-                for group in opt.param_groups:
-                    group["lr"] = cosine_lr(res.step, spec.total, spec.lr, spec.min_lr, spec.warmup_steps)
-            loss, fields = step(res.step)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
-            opt.step()
-            if scheduler is not None:
-                scheduler.step()
-            res.step += 1
-            rec = {"step": res.step, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
-            for key, value in fields.items():
-                if key.startswith("+"):  # a counter: summed over the run
-                    res.counters[key[1:]] = res.counters.get(key[1:], 0) + value
-                    rec[key[1:]] = res.counters[key[1:]]
-                else:
-                    rec[key] = value
+            rec = _one_step(spec, opt, params, step, scheduler, res)
             rec["elapsed_s"] = round(res.elapsed + time.perf_counter() - t0, 1)
             if res.step % spec.eval_every == 0 or res.step == spec.total:
-                res.last_eval = evaluate()
+                res.last_eval = _evaluate(parts, heldout)
                 rec.update(res.last_eval)
             log.write(json.dumps(rec) + "\n")
             log.flush()
             bar.update(1)
             bar.set_postfix(loss=rec["loss"])
             if res.step % spec.save_every == 0:
-                checkpoint()
+                ckpt.save(res, res.elapsed + time.perf_counter() - t0)
         bar.close()
-    checkpoint()
     res.elapsed += time.perf_counter() - t0
+    ckpt.save(res, res.elapsed)
     res.done = res.step >= spec.total
-    for part in parts.values():
-        part.eval()
+    _set_mode(parts, train=False)
     return res
+
+
+def _one_step(spec: LoopSpec, opt, params, step, scheduler, res: LoopResult) -> dict:
+    """One optimizer step on step ``res.step``'s batch -> its log record (counters summed into ``res``)."""
+    if scheduler is None:
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(res.step, spec.total, spec.lr, spec.min_lr, spec.warmup_steps)
+    loss, fields = step(res.step)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
+    opt.step()
+    if scheduler is not None:
+        scheduler.step()
+    res.step += 1
+    rec = {"step": res.step, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
+    for key, value in fields.items():
+        if key.startswith("+"):  # a counter: summed over the run
+            res.counters[key[1:]] = rec[key[1:]] = res.counters.get(key[1:], 0) + value
+        else:
+            rec[key] = value
+    return rec
+
+
+def _set_mode(parts: dict[str, torch.nn.Module], train: bool) -> None:
+    for part in parts.values():
+        part.train(train)
+
+
+def _evaluate(parts: dict[str, torch.nn.Module], heldout: Callable[[], dict]) -> dict:
+    _set_mode(parts, train=False)
+    with torch.no_grad():
+        out = heldout()
+    _set_mode(parts, train=True)
+    return out
+
+
+class _Checkpoint:
+    """``run_dir/<state_file>``: what a resumed run needs, written atomically."""
+
+    def __init__(self, spec: LoopSpec, parts: dict, opt, scheduler, rng) -> None:
+        self.spec, self.parts, self.opt, self.scheduler, self.rng = spec, parts, opt, scheduler, rng
+        self.path = spec.run_dir / spec.state_file
+
+    def load(self) -> LoopResult:
+        """Restore this run's checkpoint, if any: -> where it stands (step 0 without one)."""
+        st = torch.load(self.path, weights_only=False) if self.path.exists() else None
+        if st is not None and st.get("run_key") != self.spec.run_key:
+            if st["step"] < (st.get("total") or 0):
+                raise ParadecError(
+                    f"{self.path} holds an unfinished run with other data or settings; rerun that one to "
+                    "finish it, or pass a new --run-dir (or delete that file to start over)"
+                )
+            st = None  # a finished run of another configuration: start over
+        if st is None:
+            return LoopResult(0, 0.0, {}, None)
+        for name, part in self.parts.items():
+            part.load_state_dict(st[name])
+        self.opt.load_state_dict(st["opt"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(st["scheduler"])
+        if self.rng is not None:
+            self.rng.bit_generator.state = st["rng"]
+        return LoopResult(st["step"], st["elapsed"], st.get("counters", {}), None)
+
+    def save(self, res: LoopResult, elapsed: float) -> None:
+        save_atomic(
+            {
+                **{name: part.state_dict() for name, part in self.parts.items()},
+                "opt": self.opt.state_dict(),
+                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "rng": None if self.rng is None else self.rng.bit_generator.state,
+                "step": res.step,
+                "total": self.spec.total,
+                "elapsed": elapsed,
+                "counters": res.counters,
+                "run_key": self.spec.run_key,
+                "config": self.spec.config,
+            },
+            self.path,
+        )
