@@ -297,9 +297,9 @@ def test_every_route_answers_in_openai_shape_and_asks_for_the_key(served):
 
 
 def test_a_stalled_body_times_out(served, monkeypatch):
-    import paradec.serve.app as app_module
+    import paradec.serve.gate as gate_module
 
-    monkeypatch.setattr(app_module, "BODY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(gate_module, "BODY_TIMEOUT_S", 0.5)
     server, _ = served
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
         s.sendall(

@@ -17,7 +17,6 @@ request at the next step.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
@@ -26,20 +25,18 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paradec import methods
 from paradec.errors import ParadecError
+from paradec.serve.gate import LOOPBACK_HOSTS, Gate, error_response  # noqa: F401 (LOOPBACK_HOSTS: re-exported)
 from paradec.serve.worker import Job, QueueFull, Worker
 
 MAX_BODY_BYTES = 1 << 20
-BODY_TIMEOUT_S = 10.0  # a body that sends nothing for this long is a 408
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 RETRY_AFTER_S = 1
-REPLICA = uuid.uuid4().hex[:12]  # the x-paradec-replica header: which process answered (no host name or PID)
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class _Request(BaseModel):
@@ -87,17 +84,6 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.headers = status, message, param, kind, headers
-
-
-def _error(
-    status: int,
-    message: str,
-    param: str | None = None,
-    kind: str = "invalid_request_error",
-    headers: dict | None = None,
-) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class _Reply:
@@ -259,88 +245,6 @@ class _Api:
             self.worker.cancel(job)
 
 
-class _Gate:
-    """ASGI middleware in front of every route: the API key, the Host check, the body limit (read
-    here, so a chunked body cannot pass it and a stalled one times out), the replica header."""
-
-    def __init__(
-        self, app, worker: Worker, api_key: str | None, max_body_bytes: int, allowed_hosts: frozenset[str] | None
-    ) -> None:
-        self.app, self.worker, self.max_body = app, worker, max_body_bytes
-        self.key = None if api_key is None else f"Bearer {api_key}".encode()
-        self.hosts = allowed_hosts
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def tagged(message):
-            if message["type"] == "http.response.start":
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", []), (b"x-paradec-replica", REPLICA.encode())],
-                }
-            await send(message)
-
-        headers = dict(scope.get("headers") or [])
-        refusal = self._refuse(scope["path"], headers)
-        if refusal is None and scope["method"] in ("POST", "PUT", "PATCH"):
-            refusal, receive = await self._read_body(headers, receive)
-        if refusal is not None:
-            self.worker.metrics.errors.inc()
-            return await refusal(scope, receive, tagged)
-        return await self.app(scope, receive, tagged)
-
-    def _refuse(self, path: str, headers: dict) -> JSONResponse | None:
-        if self.hosts is not None:
-            host = headers.get(b"host", b"").decode("latin-1")
-            name = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
-            if name.lower() not in self.hosts:
-                return _error(
-                    400,
-                    f"Host {host!r} is not served here (this server answers its loopback names only); "
-                    "connect to localhost or bind another --host",
-                    "host",
-                )
-        if self.key is not None and path != "/health":
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.key):
-                return _error(
-                    401, "missing or wrong API key; send Authorization: Bearer KEY", kind="authentication_error"
-                )
-        return None
-
-    async def _read_body(self, headers: dict, receive):
-        """-> (a refusal or None, a receive that replays the body and then the client's own)."""
-        try:
-            length = int(headers[b"content-length"]) if b"content-length" in headers else None
-        except ValueError:
-            return _error(400, "Content-Length is not a number"), receive
-        if length is not None and length > self.max_body:
-            return _error(413, f"request body over {self.max_body} bytes"), receive
-        body, more = bytearray(), True
-        while more:
-            try:
-                message = await asyncio.wait_for(receive(), BODY_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                return _error(408, f"the request body stalled for {BODY_TIMEOUT_S:g} s; send it whole"), receive
-            if message["type"] == "http.disconnect":
-                return Response(status_code=400), receive
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body:
-                return _error(413, f"request body over {self.max_body} bytes"), receive
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()  # then the client's own messages: a disconnect is seen
-
-        return None, replay
-
-
 def create_app(
     worker: Worker,
     model_name: str,
@@ -356,35 +260,8 @@ def create_app(
     app = FastAPI(title="paradec", docs_url=None, redoc_url=None, openapi_url=None if api_key else "/openapi.json")
     api = _Api(worker, model_name, default_method, max_tokens_limit)
     engine = worker.engine
-    app.add_middleware(
-        _Gate, worker=worker, api_key=api_key, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts
-    )
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        if exc.status >= 400 and exc.status != 429:
-            worker.metrics.errors.inc()
-        return _error(exc.status, exc.message, exc.param, exc.kind, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        worker.metrics.errors.inc()
-        first = exc.errors()[0] if exc.errors() else {}
-        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
-            return _error(400, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})")
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return _error(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):  # 404, 405 ... in OpenAI's shape
-        worker.metrics.errors.inc()
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(
-            exc.status_code,
-            f"{request.method} {request.url.path}: {exc.detail}",
-            kind=kind,
-            headers=getattr(exc, "headers", None),
-        )
+    app.add_middleware(Gate, worker=worker, api_key=api_key, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts)
+    _add_error_handlers(app, worker)
 
     @app.get("/health")
     async def health():
@@ -410,3 +287,35 @@ def create_app(
         return await api.respond(req, job, out, True, request)
 
     return app
+
+
+def _add_error_handlers(app: FastAPI, worker: Worker) -> None:
+    """Every error in OpenAI's shape, counted in the metrics (a 429 is load, not an error)."""
+
+    @app.exception_handler(ApiError)
+    async def _apierror_response(request: Request, exc: ApiError):
+        if exc.status >= 400 and exc.status != 429:
+            worker.metrics.errors.inc()
+        return error_response(exc.status, exc.message, exc.param, exc.kind, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        worker.metrics.errors.inc()
+        first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            return error_response(
+                400, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})"
+            )
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):  # 404, 405 ... in OpenAI's shape
+        worker.metrics.errors.inc()
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(
+            exc.status_code,
+            f"{request.method} {request.url.path}: {exc.detail}",
+            kind=kind,
+            headers=getattr(exc, "headers", None),
+        )
