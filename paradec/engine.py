@@ -180,8 +180,7 @@ class Engine:
         return gen
 
     def warmup(self) -> None:
-        """Set the kernels up: an `ar` step and a prompt-lookup tree (a repeated pattern), a few
-        tokens each."""
+        """Set the kernels up: a few `ar` steps and prompt-lookup trees (on a repeated pattern)."""
         vocab = self.model.config.vocab_size
         ids = [t % vocab for t in (11, 12, 13) * 4]
         self.generate(ids, max_new_tokens=2, ignore_eos=True)

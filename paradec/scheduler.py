@@ -162,19 +162,7 @@ class Scheduler:
         batch = self.cache.batch
         t_step = time.perf_counter()
         with torch.inference_mode():
-            proposals: list[Proposal] = []
-            for g in self.groups:
-                if not g.ready:  # a placeholder row: its logits are not read, its K/V not kept
-                    proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
-                    continue
-                t_draft = time.perf_counter()
-                try:
-                    proposals += g.drafter.propose([r.tokens for r in g.rows], [r.generator for r in g.rows])
-                except Exception as exc:  # noqa: BLE001 (the group ends with the error; the pass goes on)
-                    self._fail(g, exc)
-                    proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
-                if self.budget is not None and max(len(p.tree) for p in proposals[g.first :]) > 1:
-                    self.budget.observe_draft(g.gen.method, time.perf_counter() - t_draft)
+            proposals = self._propose()
             drafted = [len(p.tree) for p in proposals]
             proposals, trees, width = self._cut(proposals, self.groups)
             if trees is not None:  # the next proposals need reach no further than this width (+1), or nowhere
@@ -192,41 +180,57 @@ class Scheduler:
                 if not g.ready:
                     for i in range(len(g.rows)):
                         self.cache.drop_scratch(g.first + i)
-                    continue
-                if g.error is not None:
-                    continue
-                span = slice(g.first, g.first + len(g.rows))
-                try:
-                    verdicts = self._accept(ver.proposals[span], ver.logits[span], g.rows, g.gen)
-                except Exception as exc:  # noqa: BLE001 (its own sampling settings failed: it alone ends)
-                    self._fail(g, exc)
-                    continue
-                for i, (row, verdict) in enumerate(zip(g.rows, verdicts)):
-                    if row.done:
+                elif g.error is None:
+                    yield from self._accept_group(g, ver, drafted, trees is not None, t_fwd)
+                    if g.error is not None:  # its sampling failed: it has left
                         continue
-                    committed = self._commit(g, i, ver, verdict)
-                    if trees is not None and not g.gen.spec.dynamic:
-                        self.budget.observe(
-                            g.gen.method,
-                            drafted[g.first + i] - 1,
-                            len(ver.proposals[g.first + i].tree) - 1,
-                            verdict.nodes[1:],
-                        )
-                    row.stats.steps += 1
-                    row.stats.target_s += t_fwd
-                    row.stats.nodes += drafted[g.first + i]
-                    row.stats.verified += len(ver.proposals[g.first + i].tree)
-                    yield g, StepEvent(i, committed)
-                    if row.done:  # by EOS or its budget, or by its consumer (a stop string)
-                        row.stats.wall_s = time.perf_counter() - g.start
-                g.drafter.step_done(
-                    batch,
-                    max(drafted[span]),
-                    max(len(p.tree) for p in ver.proposals[span]),
-                    time.perf_counter() - t_step,
-                    ver.early_top is not None,
-                )
+                    span = slice(g.first, g.first + len(g.rows))
+                    seconds = time.perf_counter() - t_step
+                    verified = max(len(p.tree) for p in ver.proposals[span])
+                    g.drafter.step_done(batch, max(drafted[span]), verified, seconds, ver.early_top is not None)
         self._leave()
+
+    def _propose(self) -> list[Proposal]:
+        """Every group's trees, a root alone for a row still being prefilled or whose drafter failed."""
+        proposals: list[Proposal] = []
+        for g in self.groups:
+            if not g.ready:  # a placeholder row: its logits are not read, its K/V not kept
+                proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
+                continue
+            t_draft = time.perf_counter()
+            try:
+                proposals += g.drafter.propose([r.tokens for r in g.rows], [r.generator for r in g.rows])
+            except Exception as exc:  # noqa: BLE001 (the group ends with the error; the pass goes on)
+                self._fail(g, exc)
+                proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
+            if self.budget is not None and max(len(p.tree) for p in proposals[g.first :]) > 1:
+                self.budget.observe_draft(g.gen.method, time.perf_counter() - t_draft)
+        return proposals
+
+    def _accept_group(
+        self, g: Group, ver: Verification, drafted: list[int], budgeted: bool, t_fwd: float
+    ) -> Iterator[tuple[Group, StepEvent]]:
+        """Accept ``g``'s rows with its own settings, commit, and yield each row's committed tokens."""
+        span = slice(g.first, g.first + len(g.rows))
+        try:
+            verdicts = self._accept(ver.proposals[span], ver.logits[span], g.rows, g.gen)
+        except Exception as exc:  # noqa: BLE001 (its own sampling settings failed: it alone ends)
+            self._fail(g, exc)
+            return
+        for i, (row, verdict) in enumerate(zip(g.rows, verdicts)):
+            if row.done:
+                continue
+            committed = self._commit(g, i, ver, verdict)
+            b = g.first + i
+            if budgeted and not g.gen.spec.dynamic:
+                self.budget.observe(g.gen.method, drafted[b] - 1, len(ver.proposals[b].tree) - 1, verdict.nodes[1:])
+            row.stats.steps += 1
+            row.stats.target_s += t_fwd
+            row.stats.nodes += drafted[b]
+            row.stats.verified += len(ver.proposals[b].tree)
+            yield g, StepEvent(i, committed)
+            if row.done:  # by EOS or its budget, or by its consumer (a stop string)
+                row.stats.wall_s = time.perf_counter() - g.start
 
     @staticmethod
     def _fail(g: Group, exc: Exception) -> None:

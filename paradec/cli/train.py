@@ -56,6 +56,11 @@ def add_train_parser(sub) -> None:
         metavar="FILE",
         help="chat model: train on the target's answers to these questions (question.jsonl)",
     )
+    _add_eagle_parser(tsub)
+    _add_aspd_parser(tsub)
+
+
+def _add_eagle_parser(tsub) -> None:
     te = tsub.add_parser("eagle", help="EAGLE draft head (one decoder layer on the target's features; frozen target)")
     te.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
     te.add_argument("--out", required=True)
@@ -95,6 +100,9 @@ def add_train_parser(sub) -> None:
         metavar="PATH",
         help="start from this trained head (its weights and draft vocabulary), e.g. to train on more answers",
     )
+
+
+def _add_aspd_parser(tsub) -> None:
     ta = tsub.add_parser(
         "aspd",
         help="ASPD fine-tune (LoRA adapter) of a model: on chat answers whose lists and "
@@ -167,112 +175,129 @@ def cmd_train(args: argparse.Namespace) -> None:
         from paradec.zoo import default_gguf
 
         args.target = default_gguf()
-    if args.what == "tokenizer":
-        from paradec.train.tokenizer import train_tokenizer
+    RECIPES[args.what](args)
 
-        if not 300 <= args.vocab_size <= 65535:
-            raise ParadecError("--vocab-size must be in [300, 65535] (tokens are stored as uint16)")
-        writable_dir(Path(args.out), "--out")
-        tok = train_tokenizer(args.out, args.vocab_size)
-        print(json.dumps({"out": args.out, "vocab_size": len(tok)}))
-    elif args.what == "target":
-        from paradec.train.recipes import train_target
 
-        summary = train_target(args.tokenizer, args.out, args.run_dir, _train_config(args))
-        print(json.dumps(summary))
-    elif args.what == "ssms":
-        from paradec.train.boost import train_ssm_pool
+def _train_tokenizer(args: argparse.Namespace) -> None:
+    from paradec.train.tokenizer import train_tokenizer
 
-        if args.num < 1 or args.samples < 64:
-            raise ParadecError("--num must be >= 1 and --samples >= 64")
-        if args.questions:
-            from paradec.train.chat_recipes import train_chat_ssms
+    if not 300 <= args.vocab_size <= 65535:
+        raise ParadecError("--vocab-size must be in [300, 65535] (tokens are stored as uint16)")
+    writable_dir(Path(args.out), "--out")
+    tok = train_tokenizer(args.out, args.vocab_size)
+    print(json.dumps({"out": args.out, "vocab_size": len(tok)}))
 
-            report = train_chat_ssms(args.target, args.out_dir, args.run_dir, args.questions, args.answers, args.num)
-        else:
-            report = train_ssm_pool(args.target, args.out_dir, args.run_dir, args.num, args.samples)
-        print(json.dumps({k: v for k, v in report.items() if k != "ssms"}))
-    elif args.what == "heads":
-        from paradec.train.heads import train_heads
 
-        if args.num_heads < 1 or args.epochs < 1:
-            raise ParadecError("--num-heads and --epochs must be >= 1")
-        if args.early_layer is not None:  # checked before any data is made
-            from paradec.config import ModelConfig
-            from paradec.models.gguf import resolve_model
+def _train_target(args: argparse.Namespace) -> None:
+    from paradec.train.recipes import train_target
 
-            layers = ModelConfig.from_dir(resolve_model(args.target)).num_layers
-            if not 1 <= args.early_layer < layers:
-                raise ParadecError(
-                    f"--early-layer {args.early_layer}: the target has {layers} layers; pass 1 .. {layers - 1}"
-                )
-        if args.questions:
-            from paradec.train.chat_recipes import train_chat_heads
+    summary = train_target(args.tokenizer, args.out, args.run_dir, _train_config(args))
+    print(json.dumps(summary))
 
-            meta = train_chat_heads(
-                args.target, args.out, args.run_dir, args.questions, args.num_heads, args.early_layer, args.epochs
+
+def _train_ssms(args: argparse.Namespace) -> None:
+    from paradec.train.boost import train_ssm_pool
+
+    if args.num < 1 or args.samples < 64:
+        raise ParadecError("--num must be >= 1 and --samples >= 64")
+    if args.questions:
+        from paradec.train.chat_recipes import train_chat_ssms
+
+        report = train_chat_ssms(args.target, args.out_dir, args.run_dir, args.questions, args.answers, args.num)
+    else:
+        report = train_ssm_pool(args.target, args.out_dir, args.run_dir, args.num, args.samples)
+    print(json.dumps({k: v for k, v in report.items() if k != "ssms"}))
+
+
+def _train_heads(args: argparse.Namespace) -> None:
+    from paradec.train.heads import train_heads
+
+    if args.num_heads < 1 or args.epochs < 1:
+        raise ParadecError("--num-heads and --epochs must be >= 1")
+    if args.early_layer is not None:  # checked before any data is made
+        from paradec.config import ModelConfig
+        from paradec.models.gguf import resolve_model
+
+        layers = ModelConfig.from_dir(resolve_model(args.target)).num_layers
+        if not 1 <= args.early_layer < layers:
+            raise ParadecError(
+                f"--early-layer {args.early_layer}: the target has {layers} layers; pass 1 .. {layers - 1}"
             )
-        else:
-            meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
-        print(json.dumps({k: meta[k] for k in ("top1", "top5", "early_topk_recall", "expected_tau_static")}))
-    elif args.what == "eagle":
-        from paradec.train.eagle import EagleTrainConfig, train_eagle
+    if args.questions:
+        from paradec.train.chat_recipes import train_chat_heads
 
-        if args.epochs <= 0 or not 0 < args.lr < math.inf:
-            raise ParadecError("--epochs and --lr must be > 0")
-        if not Path(args.questions).is_file():
-            raise ParadecError(f"--questions {args.questions}: no such file; pass a FastChat question.jsonl")
-        for f in args.answers:
-            if not Path(f).is_file():
-                raise ParadecError(f"--answers {f}: no such file; pass FastChat model_answer jsonl files")
-        if not 1 <= args.ttt_steps <= 8:
-            raise ParadecError(f"--ttt-steps {args.ttt_steps}: pass 1 .. 8")
-        if args.draft_vocab < 0:
-            raise ParadecError("--draft-vocab must be >= 0 (0: the whole vocabulary)")
-        if args.init is not None and not (Path(args.init) / "eagle.json").is_file():
-            raise ParadecError(f"--init {args.init}: no EAGLE head there (eagle.json missing); pass a head directory")
-        writable_dir(Path(args.out), "--out")
-        cfg = EagleTrainConfig(
-            epochs=args.epochs,
-            lr=args.lr,
-            min_lr=args.lr / 10,
-            minutes=args.minutes,
-            draft_vocab=args.draft_vocab or None,
-            answers=tuple(args.answers),
-            init=args.init,
-            ttt_steps=args.ttt_steps,
+        meta = train_chat_heads(
+            args.target, args.out, args.run_dir, args.questions, args.num_heads, args.early_layer, args.epochs
         )
-        summary = train_eagle(args.target, args.out, args.run_dir, args.questions, cfg)
-        print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
-    elif args.what == "aspd":
-        from paradec.train.aspd import AspdTrainConfig, train_aspd
+    else:
+        meta = train_heads(args.target, args.out, args.run_dir, args.num_heads, args.early_layer, args.epochs)
+    print(json.dumps({k: meta[k] for k in ("top1", "top5", "early_topk_recall", "expected_tau_static")}))
 
-        if (
-            args.epochs <= 0
-            or args.rank < 1
-            or args.batch_size < 1
-            or not 0 < args.lr < math.inf
-            or args.min_branches < 2
-        ):
-            raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1, --min-branches >= 2")
-        if bool(args.questions) != bool(args.answers):
-            raise ParadecError("chat data needs both --questions FILE and --answers FILE [FILE ...]")
-        if args.max_tokens < 64:
-            raise ParadecError("--max-tokens must be >= 64")
-        cfg = AspdTrainConfig(
-            twin=args.twin,
-            rank=args.rank,
-            alpha=float(args.rank),
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            min_lr=args.lr / 10,
-            minutes=args.minutes,
-            seed=args.seed,
-            min_branches=args.min_branches,
-            questions=args.questions,
-            answers=tuple(args.answers),
-            max_tokens=args.max_tokens,
-        )
-        summary = train_aspd(args.base, args.out, args.run_dir, cfg)
-        print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
+
+def _train_eagle(args: argparse.Namespace) -> None:
+    from paradec.train.eagle import EagleTrainConfig, train_eagle
+
+    if args.epochs <= 0 or not 0 < args.lr < math.inf:
+        raise ParadecError("--epochs and --lr must be > 0")
+    if not Path(args.questions).is_file():
+        raise ParadecError(f"--questions {args.questions}: no such file; pass a FastChat question.jsonl")
+    for f in args.answers:
+        if not Path(f).is_file():
+            raise ParadecError(f"--answers {f}: no such file; pass FastChat model_answer jsonl files")
+    if not 1 <= args.ttt_steps <= 8:
+        raise ParadecError(f"--ttt-steps {args.ttt_steps}: pass 1 .. 8")
+    if args.draft_vocab < 0:
+        raise ParadecError("--draft-vocab must be >= 0 (0: the whole vocabulary)")
+    if args.init is not None and not (Path(args.init) / "eagle.json").is_file():
+        raise ParadecError(f"--init {args.init}: no EAGLE head there (eagle.json missing); pass a head directory")
+    writable_dir(Path(args.out), "--out")
+    cfg = EagleTrainConfig(
+        epochs=args.epochs,
+        lr=args.lr,
+        min_lr=args.lr / 10,
+        minutes=args.minutes,
+        draft_vocab=args.draft_vocab or None,
+        answers=tuple(args.answers),
+        init=args.init,
+        ttt_steps=args.ttt_steps,
+    )
+    summary = train_eagle(args.target, args.out, args.run_dir, args.questions, cfg)
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
+
+
+def _train_aspd(args: argparse.Namespace) -> None:
+    from paradec.train.aspd import AspdTrainConfig, train_aspd
+
+    if args.epochs <= 0 or args.rank < 1 or args.batch_size < 1 or not 0 < args.lr < math.inf or args.min_branches < 2:
+        raise ParadecError("--epochs and --lr must be > 0, --rank and --batch-size >= 1, --min-branches >= 2")
+    if bool(args.questions) != bool(args.answers):
+        raise ParadecError("chat data needs both --questions FILE and --answers FILE [FILE ...]")
+    if args.max_tokens < 64:
+        raise ParadecError("--max-tokens must be >= 64")
+    cfg = AspdTrainConfig(
+        twin=args.twin,
+        rank=args.rank,
+        alpha=float(args.rank),
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        min_lr=args.lr / 10,
+        minutes=args.minutes,
+        seed=args.seed,
+        min_branches=args.min_branches,
+        questions=args.questions,
+        answers=tuple(args.answers),
+        max_tokens=args.max_tokens,
+    )
+    summary = train_aspd(args.base, args.out, args.run_dir, cfg)
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
+
+
+RECIPES = {
+    "tokenizer": _train_tokenizer,
+    "target": _train_target,
+    "ssms": _train_ssms,
+    "heads": _train_heads,
+    "eagle": _train_eagle,
+    "aspd": _train_aspd,
+}
