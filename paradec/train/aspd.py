@@ -143,37 +143,19 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         "use a tokenizer from `paradec train tokenizer` (the zoo's has them), "
         "or chat data (questions=, answers=), which adds them",
     )
-    if chat:
-        train, held, _ = load_chat_examples(tok, run_dir.parent, cfg)
-    else:
-        train, held = load_examples(tok, run_dir.parent, cfg.max_tokens)
-    if cfg.min_branches > 2:  # the plan length the model learns follows the data's (held-out stays all)
-        train = [e for e in train if e.marked.count(sp.branch) >= cfg.min_branches]
-    if not train:
-        raise ParadecError(
-            f"no training example has a group of {cfg.min_branches} branches; lower min_branches= or pass more answers"
-        )
-    field = "plain" if cfg.twin else "marked"
-    train_seqs = [getattr(e, field) for e in train]
-    held_seqs = [getattr(e, field) for e in held]
-    train_from = [e.loss_from for e in train]
-    held_from = [e.loss_from for e in held]
+    train, held = _examples(tok, sp, run_dir, cfg)
+    field = "plain" if cfg.twin else "marked"  # the twin: the same answers without markup
+    train_seqs, held_seqs = [getattr(e, field) for e in train], [getattr(e, field) for e in held]
+    train_from, held_from = [e.loss_from for e in train], [e.loss_from for e in held]
     b_open, b_close = (None, None) if cfg.twin else (sp.branch, sp.end_branch)
-    if cfg.twin:
-        new_tokens = ()  # the twin never sees the markers: the base's vocabulary as it is
-
-    torch.manual_seed(cfg.seed)
-    model = load_model(base_dir, torch.float32).requires_grad_(False)
-    extend_vocab(model, len(new_tokens))
-    token_ids = () if cfg.twin else tuple(sorted(sp.ids))
-    acfg = AdapterConfig(base="", rank=cfg.rank, alpha=cfg.alpha, token_ids=token_ids, new_tokens=new_tokens)
-    adapter = Adapter(model, acfg)
+    new_tokens = () if cfg.twin else new_tokens  # the twin never sees the markers: the base's vocabulary
+    model, adapter = _new_adapter(base_dir, new_tokens, () if cfg.twin else tuple(sorted(sp.ids)), cfg)
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     per_epoch = len(train_seqs) // cfg.batch_size
     total = max(1, int(cfg.epochs * per_epoch))
 
     def batch_loss(step: int) -> tuple[torch.Tensor, dict]:
-        epoch, k = divmod(step, per_epoch)
+        epoch, k = divmod(step, per_epoch)  # each epoch its own shuffle
         picked = np.random.default_rng(cfg.seed + epoch).permutation(len(train_seqs))
         picked = picked[k * cfg.batch_size : (k + 1) * cfg.batch_size]
         batch = [train_seqs[i] for i in picked]
@@ -190,7 +172,6 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
 
     spec = loop_spec(cfg, run_dir, total, eval_at_start=True)
     res = train_loop(spec, {"adapter": adapter}, opt, batch_loss, lambda: {"heldout_loss": heldout_loss()})
-    final_loss = heldout_loss()
     summary = {
         "kind": "seq-twin" if cfg.twin else "aspd",
         "steps": res.step,
@@ -199,7 +180,7 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         "heldout_examples": len(held_seqs),
         "tokens_seen": res.counters.get("tokens_seen", 0),
         "wall_s": round(res.elapsed, 1),
-        "heldout_loss": final_loss,
+        "heldout_loss": heldout_loss(),
         "trainable_params": sum(p.numel() for p in adapter.parameters()),
         "done": res.done,
         "config": asdict(cfg),
@@ -208,6 +189,32 @@ def train_aspd(base_dir: str | Path, out_dir: str | Path, run_dir: str | Path, c
         export_adapter(adapter, base_arg, out_dir, summary, tok if new_tokens else None)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _new_adapter(base_dir: Path, new_tokens: tuple, token_ids: tuple, cfg: AspdTrainConfig):
+    """The frozen base in fp32 (its vocabulary extended by ``new_tokens``) and a fresh LoRA
+    adapter over it that also trains the rows of ``token_ids``."""
+    torch.manual_seed(cfg.seed)
+    model = load_model(base_dir, torch.float32).requires_grad_(False)
+    extend_vocab(model, len(new_tokens))
+    acfg = AdapterConfig(base="", rank=cfg.rank, alpha=cfg.alpha, token_ids=token_ids, new_tokens=new_tokens)
+    return model, Adapter(model, acfg)
+
+
+def _examples(tok, sp: Specials, run_dir: Path, cfg: AspdTrainConfig) -> tuple[list[Example], list[Example]]:
+    """Training and held-out examples: chat answers (``cfg.questions``) or stdlib code windows;
+    training keeps the groups of at least ``cfg.min_branches`` branches (held-out keeps all)."""
+    if cfg.questions is not None:
+        train, held, _ = load_chat_examples(tok, run_dir.parent, cfg)
+    else:
+        train, held = load_examples(tok, run_dir.parent, cfg.max_tokens)
+    if cfg.min_branches > 2:  # the plan length the model learns follows the data's
+        train = [e for e in train if e.marked.count(sp.branch) >= cfg.min_branches]
+    if not train:
+        raise ParadecError(
+            f"no training example has a group of {cfg.min_branches} branches; lower min_branches= or pass more answers"
+        )
+    return train, held
 
 
 def export_adapter(adapter: Adapter, base_arg: Path, out_dir: Path, summary: dict, tokenizer=None) -> None:

@@ -206,22 +206,7 @@ def train_eagle(
     run_dir.mkdir(parents=True, exist_ok=True)
     target = load(target_dir, dtype="bf16")
     train_recs, held_recs = target_answers(target, questions_path, run_dir)
-
-    def seqs_of(recs):
-        return [(r["prompt_ids"] + r["answer_ids"])[: cfg.max_len] for r in recs if len(r["answer_ids"]) > 2]
-
-    train, held = seqs_of(train_recs), seqs_of(held_recs)
-    if not train or not held:
-        raise ParadecError("no answers to train on; check questions= (a FastChat question.jsonl)")
-    own = len(train)
-    if cfg.answers:
-        held_ids = {r["question_id"] for r in held_recs}
-        questions = {q: text for q, text in load_questions(questions_path) if q not in held_ids}
-        train += [
-            conv[: cfg.max_len]
-            for conv in chat_conversations(target.tokenizer.hf, list(cfg.answers), questions)
-            if len(conv) > 3
-        ]
+    train, held, own = _eagle_sequences(target, train_recs, held_recs, questions_path, cfg)
     cache = run_dir / "eagle_features.pt"
     feats, labels = cached_features(target.model, train + held, cache)  # one load and save of the store
     n_train = len(train)
@@ -230,13 +215,7 @@ def train_eagle(
     torch.manual_seed(cfg.seed)
     model = target.model.float()  # the frozen embedding and LM head in fp32 (autocast runs bf16)
     embed = model.embed
-    vocab_size = model.lm_head.weight.shape[0]
-    if cfg.init is not None:  # warm start: the head's weights and its draft vocabulary
-        head = load_eagle(cfg.init, model.config, torch.float32, model.embed.weight.device).requires_grad_(True).train()
-    else:
-        head = EagleHead(model.config)
-        if cfg.draft_vocab is not None and cfg.draft_vocab < vocab_size:
-            head.set_vocab(draft_vocabulary(l_train, cfg.draft_vocab, vocab_size))
+    head = _new_head(model, cfg, l_train)
     lm_w = head.lm_rows(model.lm_head).detach()  # [K, hidden]
     coverage = float(torch.isin(torch.cat(l_held).long(), head.vocab).float().mean()) if head.vocab is not None else 1.0
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -251,33 +230,12 @@ def train_eagle(
         loss, hits, n = _batch_loss(head, embed, lm_w, seqs, feats_, labels_, cfg.cls_weight, cfg.ttt_steps)
         return loss, {"top1": round(hits[0] / max(1, n[0]), 4)}
 
-    @torch.no_grad()
     def heldout() -> dict:
-        hits, n = np.zeros(cfg.ttt_steps), np.zeros(cfg.ttt_steps)
-        losses = []
-        for i in range(0, len(held), 8):
-            loss, h, k = _batch_loss(
-                head, embed, lm_w, held[i : i + 8], f_held[i : i + 8], l_held[i : i + 8], cfg.cls_weight, cfg.ttt_steps
-            )
-            losses.append(loss.item())
-            hits, n = hits + h, n + k
-        top1 = [round(float(h / max(1, k)), 4) for h, k in zip(hits, n)]
-        out = {"heldout_loss": round(float(np.mean(losses)), 4), "heldout_top1": top1[0]}
-        return out | ({"heldout_top1_per_step": top1} if cfg.ttt_steps > 1 else {})
+        return _heldout_metrics(head, embed, lm_w, held, f_held, l_held, cfg)
 
     # a resumed run must be this run: its data, length, draft vocabulary and warm start
     run_key = [cfg.draft_vocab, len(train), total, cfg.init] + ([cfg.ttt_steps] if cfg.ttt_steps > 1 else [])
-    spec = loop_spec(
-        cfg,
-        run_dir,
-        total,
-        eval_every=per_epoch,
-        eval_at_start=True,
-        run_key=run_key,
-        state_file="eagle_state.pt",
-        log_file="eagle_log.jsonl",
-        label="eagle",
-    )
+    spec = loop_spec(cfg, run_dir, total, eval_every=per_epoch, eval_at_start=True, run_key=run_key, **FILES)
     res = train_loop(spec, {"head": head}, opt, batch_loss, heldout)
     summary = {
         "steps": res.step,
@@ -300,6 +258,55 @@ def train_eagle(
         head.save(out_dir, summary)
     (run_dir / "eagle_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+FILES = {"state_file": "eagle_state.pt", "log_file": "eagle_log.jsonl", "label": "eagle"}  # in a run dir
+
+
+def _new_head(model, cfg: EagleTrainConfig, labels: list[torch.Tensor]) -> EagleHead:
+    """A fresh head, its draft vocabulary the most frequent ``cfg.draft_vocab`` tokens of
+    ``labels``; or ``cfg.init``'s weights and vocabulary (a warm start)."""
+    if cfg.init is not None:
+        return load_eagle(cfg.init, model.config, torch.float32, model.embed.weight.device).requires_grad_(True).train()
+    head, vocab_size = EagleHead(model.config), model.lm_head.weight.shape[0]
+    if cfg.draft_vocab is not None and cfg.draft_vocab < vocab_size:
+        head.set_vocab(draft_vocabulary(labels, cfg.draft_vocab, vocab_size))
+    return head
+
+
+@torch.no_grad()
+def _heldout_metrics(head, embed, lm_w, held, f_held, l_held, cfg: EagleTrainConfig) -> dict:
+    """Held-out loss and top-1 (per training-time-test step when there are several)."""
+    hits, n = np.zeros(cfg.ttt_steps), np.zeros(cfg.ttt_steps)
+    losses = []
+    for i in range(0, len(held), 8):
+        batch = held[i : i + 8], f_held[i : i + 8], l_held[i : i + 8]
+        loss, h, k = _batch_loss(head, embed, lm_w, *batch, cfg.cls_weight, cfg.ttt_steps)
+        losses.append(loss.item())
+        hits, n = hits + h, n + k
+    top1 = [round(float(h / max(1, k)), 4) for h, k in zip(hits, n)]
+    out = {"heldout_loss": round(float(np.mean(losses)), 4), "heldout_top1": top1[0]}
+    return out | ({"heldout_top1_per_step": top1} if cfg.ttt_steps > 1 else {})
+
+
+def _eagle_sequences(target, train_recs, held_recs, questions_path, cfg: EagleTrainConfig):
+    """The target's own answers as training and held-out sequences (prompt + answer, cut at
+    ``max_len``), plus the conversations of ``cfg.answers`` on training questions. -> (train,
+    held, how many training sequences are the target's own)."""
+
+    def seqs_of(recs):
+        return [(r["prompt_ids"] + r["answer_ids"])[: cfg.max_len] for r in recs if len(r["answer_ids"]) > 2]
+
+    train, held = seqs_of(train_recs), seqs_of(held_recs)
+    if not train or not held:
+        raise ParadecError("no answers to train on; check questions= (a FastChat question.jsonl)")
+    own = len(train)
+    if cfg.answers:
+        held_ids = {r["question_id"] for r in held_recs}
+        questions = {q: text for q, text in load_questions(questions_path) if q not in held_ids}
+        convs = chat_conversations(target.tokenizer.hf, list(cfg.answers), questions)
+        train += [conv[: cfg.max_len] for conv in convs if len(conv) > 3]
+    return train, held, own
 
 
 def acceptance_per_depth(target_dir, head_dir: Path, held_recs: list[dict], cfg: EagleTrainConfig) -> list[float]:

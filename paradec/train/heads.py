@@ -169,20 +169,9 @@ def fit_heads(
     """
     t0 = time.perf_counter()
     layer = early_layer if early_layer is not None else max(1, model.config.num_layers // 4)
-    key = (layer, num_heads, len(train[0]), len(held[0]))
-    if cache is not None and cache.is_file() and torch.load(cache, weights_only=False)["key"] == key:
-        data, data_h = torch.load(cache, weights_only=False)["data"]
-    else:
-        data = features(model, *train, layer, num_heads)
-        data_h = features(model, *held, layer, num_heads)
-        if cache is not None:
-            save_atomic({"key": key, "data": (data, data_h)}, cache)
-    d = model.config.hidden_size
-    torch.manual_seed(0)
-    medusa, early = MedusaHeads(d, num_heads), EarlyHead(d, model.config.rms_norm_eps)
-    early.norm.weight.data.copy_(model.norm.weight.float())  # start as "the final norm, applied early"
-    params = list(medusa.parameters()) + list(early.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    data, data_h = _cached_features(model, train, held, layer, num_heads, cache)
+    medusa, early = _new_heads(model, num_heads)
+    opt = torch.optim.AdamW([*medusa.parameters(), *early.parameters()], lr=lr, weight_decay=0.0)
     lm_head = model.lm_head  # frozen, bf16
     n = len(data.labels)
     steps = epochs * ((n + batch - 1) // batch)
@@ -196,16 +185,7 @@ def fit_heads(
 
     with tempfile.TemporaryDirectory() as scratch:  # no run_dir: a run that is not resumed
         run = Path(run_dir or scratch)
-        spec = LoopSpec(
-            run,
-            steps,
-            lr,
-            eval_every=steps,
-            save_every=max(25, steps),
-            label="heads",
-            state_file="heads_state.pt",
-            log_file="heads_log.jsonl",
-        )
+        spec = LoopSpec(run, steps, lr, eval_every=steps, **FILES)
         train_loop(spec, {"medusa": medusa, "early": early}, opt, batch_loss, dict, scheduler=sched, rng=rng)
         log = [json.loads(line) for line in (run / spec.log_file).read_text().splitlines()]
     log = [{"step": r["step"] - 1, "loss": r["loss"]} for r in log if (r["step"] - 1) % 50 == 0 or r["step"] == steps]
@@ -224,3 +204,26 @@ def fit_heads(
     }
     save_heads(Heads(medusa, early, layer, meta), out_dir)
     return json.loads((Path(out_dir) / "heads.json").read_text())
+
+
+FILES = {"state_file": "heads_state.pt", "log_file": "heads_log.jsonl", "label": "heads"}  # in a run dir
+
+
+def _new_heads(model, num_heads: int) -> tuple[MedusaHeads, EarlyHead]:
+    d = model.config.hidden_size
+    torch.manual_seed(0)
+    medusa, early = MedusaHeads(d, num_heads), EarlyHead(d, model.config.rms_norm_eps)
+    early.norm.weight.data.copy_(model.norm.weight.float())  # start as "the final norm, applied early"
+    return medusa, early
+
+
+def _cached_features(model, train, held, layer: int, num_heads: int, cache: Path | None) -> tuple[Positions, Positions]:
+    """The training and held-out positions, from ``cache`` when it holds these (a pass of the
+    target over every sequence is what they cost)."""
+    key = (layer, num_heads, len(train[0]), len(held[0]))
+    if cache is not None and cache.is_file() and torch.load(cache, weights_only=False)["key"] == key:
+        return torch.load(cache, weights_only=False)["data"]
+    data, data_h = features(model, *train, layer, num_heads), features(model, *held, layer, num_heads)
+    if cache is not None:
+        save_atomic({"key": key, "data": (data, data_h)}, cache)
+    return data, data_h
