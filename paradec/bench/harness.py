@@ -119,7 +119,6 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         methods = [m for m in methods if not (m in PEERS and PEERS[m].batch1_only)]
     if cfg.temperature > 0:  # the oracle knows greedy text only
         methods = [m for m in methods if not (m in PEERS and PEERS[m].greedy_only)]
-    tok = runners.engine.tokenizer
     limit = runners.engine.model.config.context_length - cfg.max_new_tokens - 72  # room for a tree
     fits = [(p, ids) for p, ids in encode_prompts(runners.engine, prompts, cfg) if len(ids) <= limit]
     skipped = [p.id for p in prompts if p.id not in {q.id for q, _ in fits}]
@@ -140,36 +139,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     for gi, (group, batch) in enumerate(zip(groups, encoded)):
         if gi < done:
             continue
-        references = {}
-        needed = any(lossless(m) for m in methods)  # ASPD's models decode their own text: no `ar` to match
-        if (
-            cfg.temperature == 0 and needed
-        ):  # `ar`'s tokens per weight format: the oracle's knowledge and the identity check
-            for q in runners.engines:
-                references[q], _ = runners.run(f"ar@{q}", batch, None)
-        reference = references.get(cfg.quant)
-        order = methods[gi % len(methods) :] + methods[: gi % len(methods)]
-        timings: dict[str, list] = {m: [] for m in methods}
-        for _ in range(cfg.repeats):
-            for m in order:
-                t = time.perf_counter()
-                tokens, stats = runners.run(m, batch, references.get(split_method(m, cfg.quant)[1], reference))
-                timings[m].append((time.perf_counter() - t, tokens, stats))
-                bar.update(1)
-        for m in methods:
-            wall, tokens, stats = sorted(timings[m], key=lambda x: x[0])[len(timings[m]) // 2]
-            refs = references.get(split_method(m, cfg.quant)[1]) or [None] * len(group)
-            other = same_tokens_as(m)
-            same = other and other in timings and sorted(timings[other], key=lambda x: x[0])[0][1]
-            for k, (p, ids, toks, st, ref) in enumerate(zip(group, batch, tokens, stats, refs)):
-                records.append(record(p, m, wall, len(batch), toks, st, ref))
-                if same:
-                    records[-1][f"identical_to_{other}"] = toks == same[k]
-                if runners.twin is not None and (m == "ar" or not lossless(m)):  # quality vs the Seq twin
-                    records[-1]["nll_twin"] = nll(runners.twin.model, ids, toks)
-                    records[-1]["parses"] = parses(tok.decode(toks))
-                if runners.base is not None and (m == "ar" or not lossless(m)):  # ... and vs the base model
-                    records[-1]["nll_base"] = nll(runners.base.model, ids, toks)
+        order = methods[gi % len(methods) :] + methods[: gi % len(methods)]  # rotates prompt by prompt
+        timings, references = _time_group(runners, cfg, batch, order, bar)
+        records += _group_records(runners, cfg, methods, group, batch, timings, references)
         write_json({"config": config, "groups_done": gi + 1, "records": records}, partial)
     bar.close()
     summary = summarize(records, methods)
@@ -183,6 +155,47 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         "records": records,
         "summary": summary,
     }
+
+
+def _time_group(runners: Runners, cfg: BenchConfig, batch: list[list[int]], order: list[str], bar) -> tuple:
+    """Every method on one prompt group, ``cfg.repeats`` times in ``order``; first `ar`'s tokens
+    per weight format (the identity check's reference, the oracle's knowledge). -> ({method:
+    [(seconds, tokens, stats)]}, {format: `ar`'s tokens})."""
+    references = {}
+    if cfg.temperature == 0 and any(lossless(m) for m in order):  # ASPD's models decode their own text
+        for q in runners.engines:
+            references[q], _ = runners.run(f"ar@{q}", batch, None)
+    timings: dict[str, list] = {m: [] for m in order}
+    for _ in range(cfg.repeats):
+        for m in order:
+            t = time.perf_counter()
+            ref = references.get(split_method(m, cfg.quant)[1], references.get(cfg.quant))
+            tokens, stats = runners.run(m, batch, ref)
+            timings[m].append((time.perf_counter() - t, tokens, stats))
+            bar.update(1)
+    return timings, references
+
+
+def _group_records(runners: Runners, cfg: BenchConfig, methods, group, batch, timings, references) -> list[dict]:
+    """One record per (prompt, method) of a group: its median run, identity, and text quality
+    against the Seq twin and the base where an ASPD model runs."""
+    out = []
+    for m in methods:
+        wall, tokens, stats = sorted(timings[m], key=lambda x: x[0])[len(timings[m]) // 2]
+        refs = references.get(split_method(m, cfg.quant)[1]) or [None] * len(group)
+        other = same_tokens_as(m)
+        same = other and other in timings and sorted(timings[other], key=lambda x: x[0])[0][1]
+        for k, (p, ids, toks, st, ref) in enumerate(zip(group, batch, tokens, stats, refs)):
+            rec = record(p, m, wall, len(batch), toks, st, ref)
+            if same:
+                rec[f"identical_to_{other}"] = toks == same[k]
+            if runners.twin is not None and (m == "ar" or not lossless(m)):  # quality vs the Seq twin
+                rec["nll_twin"] = nll(runners.twin.model, ids, toks)
+                rec["parses"] = parses(runners.engine.tokenizer.decode(toks))
+            if runners.base is not None and (m == "ar" or not lossless(m)):  # ... and vs the base model
+                rec["nll_base"] = nll(runners.base.model, ids, toks)
+            out.append(rec)
+    return out
 
 
 def encode_prompts(engine, prompts: list[Prompt], cfg: BenchConfig) -> list[tuple[Prompt, list[int]]]:

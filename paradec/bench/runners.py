@@ -23,36 +23,26 @@ def _fixed_tree(name: str) -> bool:
     return bool({"heads", "eagle"} & set(m.needs)) and m.decode is None and not m.options.get("dynamic")
 
 
+def _engines(cfg, model_dir) -> dict:
+    """One engine per weight format or runtime the methods name (``ar@int4``, ``ar@llamacpp``).
+    ``--tree-nodes N`` compares drafters at one fixed tree size: the draft budget must not cut them."""
+    quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
+    budget = cfg.tree_nodes is None
+    same = dict(dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts), heads=cfg.heads, eagle=cfg.eagle)
+    same |= dict(exact=cfg.exact, quant_head=cfg.quant_head, threads=cfg.threads, batch_budget=budget)
+    engines = {q: load(model_dir, quant=q, backend="torch", **same) for q in quants if q != "llamacpp"}
+    if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
+        engines["llamacpp"] = load(cfg.model, threads=cfg.threads, batch_budget=budget, backend="llamacpp")
+    return engines
+
+
 class Runners:
     """One callable per method: token-id prompts -> (token ids per prompt, stats per prompt)."""
 
     def __init__(self, cfg) -> None:  # cfg: bench.harness.BenchConfig
         self.cfg = cfg
         model_dir = resolve_model(cfg.model)  # a .gguf file: its cached HF conversion (transformers loads that)
-        quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
-        # --tree-nodes N compares drafters at one fixed tree size: the draft budget must not cut them
-        self.engines = {
-            q: load(
-                model_dir,
-                dtype=cfg.dtype,
-                device=cfg.device,
-                drafts=list(cfg.drafts),
-                heads=cfg.heads,
-                eagle=cfg.eagle,
-                exact=cfg.exact,
-                quant=q,
-                quant_head=cfg.quant_head,
-                threads=cfg.threads,
-                batch_budget=cfg.tree_nodes is None,
-                backend="torch",
-            )
-            for q in quants
-            if q != "llamacpp"
-        }
-        if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
-            self.engines["llamacpp"] = load(
-                cfg.model, threads=cfg.threads, batch_budget=cfg.tree_nodes is None, backend="llamacpp"
-            )
+        self.engines = _engines(cfg, model_dir)
         self.engine = self.engines[cfg.quant]
         self.twin = load(cfg.twin, dtype=cfg.dtype, device=cfg.device) if cfg.twin else None
         self.base = None  # an ASPD adapter's base model: `base-ar`, and the NLL reference nll_base
