@@ -160,22 +160,11 @@ class Engine:
         """One answer's output processor: tokens in, final text out (``paradec.text``)."""
         return TextStream(self.tokenizer.decode, gen.stop)
 
-    def config(
-        self,
-        method: str = "ar",
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop: list[str] | None = None,
-        ignore_eos: bool = False,
-        **spec,
-    ) -> GenerationConfig:
-        """The frozen ``GenerationConfig`` for these options (validated, against this engine too)."""
-        gen = methods.generation_config(
-            method, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, **spec
-        )
+    def config(self, method: str = "ar", **options) -> GenerationConfig:
+        """The frozen ``GenerationConfig`` for these options (``methods.generation_config``'s:
+        max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos and the method's own),
+        validated against this engine too."""
+        gen = methods.generation_config(method, **options)
         methods.get(method).check(self, gen)
         return gen
 

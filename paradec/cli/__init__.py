@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from paradec import methods
-from paradec.cli.common import Parser, add_model_args, flag_message, model_and_drafters, writable_dir
+from paradec.cli.common import Parser, add_model_args, flag_message, load_options, model_and_drafters, writable_dir
 from paradec.cli.options import add_sampling, add_spec, generation_options, int_list, method_help
 from paradec.cli.serve import add_serve_parsers, cmd_bench_serve, cmd_serve
 from paradec.cli.train import add_train_parser, cmd_train
@@ -152,20 +152,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     methods.generation_config(**generation_options(args))  # bad options fail now, not after the load
     model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
-    engine = paradec.load(
-        model,
-        dtype=args.dtype,
-        device=args.device,
-        drafts=drafts,
-        heads=heads,
-        eagle=eagle,
-        exact=not args.no_exact,
-        quant=args.quant,
-        quant_head=args.quant_head,
-        threads=args.threads,
-        backend=args.backend,
-        methods_used=(args.method,),
-    )
+    engine = paradec.load(**load_options(args, model, drafts, heads, eagle), methods_used=(args.method,))
     kwargs = dict(generation_options(args), chat=args.chat)
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
@@ -188,20 +175,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
         except UnicodeEncodeError:
             raise ParadecError("--system is not valid UTF-8 text; pass UTF-8") from None
     model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
-    engine = paradec.load(
-        model,
-        dtype=args.dtype,
-        device=args.device,
-        drafts=drafts,
-        heads=heads,
-        eagle=eagle,
-        exact=not args.no_exact,
-        quant=args.quant,
-        quant_head=args.quant_head,
-        threads=args.threads,
-        backend=args.backend,
-        methods_used=(args.method,),
-    )
+    engine = paradec.load(**load_options(args, model, drafts, heads, eagle), methods_used=(args.method,))
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets", file=sys.stderr)
     # undecodable bytes reach the tokenizer's UTF-8 check (one line, the chat goes on), not a traceback
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")

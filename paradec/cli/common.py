@@ -139,3 +139,21 @@ def model_and_drafters(args: argparse.Namespace, needs: set[str], whole_pool: bo
     if eagle is None and "eagle" in needs:
         eagle = zoo_eagle(model)
     return model, drafts, heads, eagle
+
+
+def load_options(args: argparse.Namespace, model, drafts, heads, eagle) -> dict:
+    """``paradec.load``'s keyword arguments from the model flags (``add_model_args``) and the
+    drafters ``model_and_drafters`` found (paths as strings: a Ray replica receives them too)."""
+    return dict(
+        model_dir=str(model),
+        dtype=args.dtype,
+        device=args.device,
+        drafts=[str(d) for d in drafts],
+        heads=None if heads is None else str(heads),
+        eagle=None if eagle is None else str(eagle),
+        exact=not args.no_exact,
+        quant=args.quant,
+        quant_head=args.quant_head,
+        threads=args.threads,
+        backend=args.backend,
+    )

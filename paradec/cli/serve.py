@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from paradec import methods
-from paradec.cli.common import add_model_args, model_and_drafters, writable_dir
+from paradec.cli.common import add_model_args, load_options, model_and_drafters, writable_dir
 from paradec.errors import ParadecError
 
 
@@ -104,20 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         api_key=args.api_key,
         max_tokens_limit=args.max_tokens_limit,
     )
-    load_options = dict(
-        model_dir=str(model),
-        dtype=args.dtype,
-        device=args.device,
-        drafts=[str(d) for d in drafts],
-        heads=None if heads is None else str(heads),
-        eagle=None if eagle is None else str(eagle),
-        exact=not args.no_exact,
-        quant=args.quant,
-        quant_head=args.quant_head,
-        threads=args.threads,
-        batch_budget=not args.full_chains,
-        backend=args.backend,
-    )
+    options = {**load_options(args, model, drafts, heads, eagle), "batch_budget": not args.full_chains}
     if args.replicas:
         import importlib.util
 
@@ -126,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         from paradec.serve import ray_app
 
         ray_app.run(
-            load_options,
+            options,
             name,
             args.replicas,
             host=args.host,
@@ -135,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             **app_options,
         )
         return
-    run(paradec.load(**load_options), name, host=args.host, port=args.port, **app_options)
+    run(paradec.load(**options), name, host=args.host, port=args.port, **app_options)
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> None:
