@@ -26,6 +26,7 @@ import torch
 
 from paradec.config import GenerationConfig
 from paradec.draft import Drafter, Proposal
+from paradec.methods import Target
 from paradec.policy.budget import BatchBudget
 from paradec.sampling import greedy
 from paradec.state import Row, StepEvent, Verification
@@ -70,7 +71,7 @@ class Scheduler:
 
     def __init__(
         self,
-        target,
+        target: Target,
         capacity: int,
         max_len: int,
         eos_ids: frozenset[int] = frozenset(),

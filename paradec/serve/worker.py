@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from paradec import methods
 from paradec.config import MAX_TREE_NODES, GenerationConfig
+from paradec.engine import Engine
 from paradec.scheduler import Group, Scheduler
 from paradec.serve.metrics import Metrics
 from paradec.state import StepEvent
@@ -55,7 +56,7 @@ class Job:
 class Worker:
     """Owns ``engine``; ``submit`` is thread-safe, everything else runs on the worker thread."""
 
-    def __init__(self, engine, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None) -> None:
+    def __init__(self, engine: Engine, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None) -> None:
         self.engine = engine
         context = engine.model.config.context_length
         self.scheduler = Scheduler(
