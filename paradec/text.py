@@ -27,6 +27,9 @@ MAX_PENDING_TOKENS = 64
 
 
 class TextStream:
+    """One answer's text: ``add`` (or ``show``) as tokens are committed, ``piece`` for what is
+    final, ``close`` at the end; ``text`` is every piece handed out."""
+
     def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...] | list[str] = ()) -> None:
         self._decode = decode
         self.stop = tuple(stop)
