@@ -1,8 +1,9 @@
 """Soak and head-of-line checks of `paradec serve`, each against a server this script starts.
 
-    python benchmarks/serve_soak.py soak --out benchmarks/results/serve_soak2
+    python benchmarks/serve_soak.py soak --backend llamacpp --out benchmarks/results/serve_soak
         32 clients x 50 streamed requests, every second one leaving after its first piece of
-        text: failures, rows left running afterwards (/metrics), server RSS before and after.
+        text: failures, rows left running afterwards (/metrics), server RSS before and after
+        (``--backend``: the server's runtime; torch is the default).
     python benchmarks/serve_soak.py long-prompt --out benchmarks/results/serve_long_prompt
         a ~6,000-token prompt, then 2-token requests while it is prefilled: their time to first
         token (the long prompt once held every other request for its whole prefill).
