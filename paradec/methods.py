@@ -34,6 +34,7 @@ from paradec.errors import ParadecError
 from paradec.models import Transformer
 from paradec.models.eagle import EagleHead
 from paradec.models.heads import Heads
+from paradec.parallel.grammar import Specials
 from paradec.policy import TreePolicy
 from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
 from paradec.tokenizer import Tokenizer
@@ -56,8 +57,6 @@ class Target(Protocol):
 
 
 def _writes_aspd_markup(target: Target) -> bool:
-    from paradec.parallel.grammar import Specials  # ASPD's own module, as its registry entry's loop
-
     try:
         Specials.from_tokenizer(target.tokenizer.hf)
     except ParadecError:
@@ -92,13 +91,12 @@ class Method:
         its tokenizer's branch tokens)."""
         heads = target.heads
         have = {
-            "drafts": lambda: bool(target.drafts),
-            "heads": lambda: heads is not None,
-            "early_head": lambda: heads is not None and heads.early is not None,
-            "aspd_model": lambda: _writes_aspd_markup(target),
-            "eagle": lambda: target.eagle is not None,
+            "drafts": bool(target.drafts),
+            "heads": heads is not None,
+            "early_head": heads is not None and heads.early is not None,
+            "eagle": target.eagle is not None,
         }
-        return [n for n in self.needs if not have[n]()]
+        return [n for n in self.needs if not (_writes_aspd_markup(target) if n == "aspd_model" else have[n])]
 
     def available(self, target: Target) -> bool:
         """Whether ``target`` can run this method: its runtime, and everything it needs loaded."""
