@@ -21,8 +21,9 @@ from paradec.bench.report import markdown_table
 from paradec.zoo import bundled, companions, default_gguf, zoo_eagle
 
 # the registered methods shown (those whose drafters ship in the zoo; each system once, not its
-# variants, so the first command stays short); SpecInfer with one SSM and a 4-deep chain
-SHOWN = ("ar", "specinfer", "pld", "medusa", "propd", "eagle", "eagle+ngram")
+# variants, so the first command stays short): auto, which picks among the others each step, first;
+# SpecInfer with one SSM and a 4-deep chain
+SHOWN = ("ar", "auto", "specinfer", "pld", "medusa", "propd", "eagle", "eagle+ngram")
 OPTIONS = {"specinfer": {"expansion": (1, 1, 1, 1)}, "specinfer+ngram": {"expansion": (1, 1, 1, 1)}}
 
 
@@ -74,7 +75,8 @@ def run_demo(
             rows.append(row)
             print(
                 f"  {name:<16} tau {row['tau']:5.2f}   {row['tokens_per_s']:6.1f} tok/s   "
-                f"x{row['speedup']:.2f} vs ar   identical: {row['identical']}",
+                f"x{row['speedup']:.2f} vs ar   identical: {row['identical']}"
+                + (f"   drafters: {_shares(g.stats.drafters)}" if g.stats.drafters else ""),
                 file=out,
             )
     summary = []
@@ -93,6 +95,12 @@ def run_demo(
     if aspd:
         aspd_demo(max_new_tokens * 2, dtype, out)
     return summary
+
+
+def _shares(drafters: dict[str, int]) -> str:
+    """auto's steps by drafter, e.g. "pld 60%, ar 40%"."""
+    total = sum(drafters.values())
+    return ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(drafters.items(), key=lambda kv: -kv[1]))
 
 
 def aspd_demo(max_new_tokens: int, dtype: str, out=sys.stdout, n_prompts: int = 2) -> list[dict]:

@@ -292,7 +292,11 @@ def load(
     if asked not in BACKENDS:
         raise ParadecError(f"unknown backend {asked!r}; use {', '.join(BACKENDS)}")
     source = Path(model_dir)
-    torch_only = _torch_only(drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used)
+    # drafters that the methods only *use* (auto) do not tie the model to torch: llama.cpp's `ar` may
+    # beat them all, and then they are not loaded
+    optional = bool(methods_used) and all(not methods.get(m).needs and methods.get(m).uses for m in methods_used)
+    asks = ([], None, None) if optional else (drafts, heads, eagle)
+    torch_only = _torch_only(*asks, dtype, quant, quant_head, device, exact, methods_used)
     if asked == "llamacpp":
         _check_llamacpp(source, torch_only)
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
@@ -300,12 +304,17 @@ def load(
     eligible = is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available()
     if asked == "llamacpp" or (asked == "auto" and eligible):  # llama.cpp where it may run and measures faster
         lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
-        lc_choice = _llamacpp_choice(lc, choice, asked)
+        lc_choice = _llamacpp_choice(lc, choice, asked, AUTO_MARGIN if optional else 1.0)
         if lc_choice is not None:
             engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
             return _finish_load(engine, lc_choice, cost, batch_budget, warmup)
     engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, drafts, heads, eagle)
     return _finish_load(engine, choice, cost, batch_budget, warmup)
+
+
+# `auto` runs on llama.cpp's kernels (as `ar`) when their `ar` step is this many times cheaper than
+# torch's: the most auto's drafters gained over `ar` in benchmarks/README.md is below it
+AUTO_MARGIN = 2.0
 
 
 def _engine_on_torch(model_dir: Path, choice: FormatChoice, device, exact, quant_head, drafts, heads, eagle) -> Engine:
@@ -367,16 +376,17 @@ def _check_llamacpp(source: Path, torch_only: list[str]) -> None:
         )
 
 
-def _llamacpp_choice(lc: LlamaCppModel, choice: FormatChoice, asked: str) -> FormatChoice | None:
+def _llamacpp_choice(lc: LlamaCppModel, choice: FormatChoice, asked: str, margin: float = 1.0) -> FormatChoice | None:
     """llama.cpp's format record, its measured curve and why it runs; None: auto, and torch's
-    best format is faster on this CPU."""
+    best format is faster on this CPU (``margin``: by more than this factor, its drafters' room)."""
     lc_cost, lc_path, _ = llamacpp_cost(lc, paradec_home())
-    if asked == "auto" and not lc_cost.predict(1) < choice.cost.predict(1):
+    if asked == "auto" and not lc_cost.predict(1) * margin < choice.cost.predict(1):
         return None
     reason = "asked for (backend=llamacpp)"
     if asked == "auto":
         ms = lc_cost.predict(1) * 1e3, choice.cost.predict(1) * 1e3
-        reason = f"auto: llama.cpp's `ar` step {ms[0]:.0f} ms < torch {choice.name}'s {ms[1]:.0f} ms on this CPU"
+        than = f"{margin:g}x less than" if margin != 1.0 else "<"
+        reason = f"auto: llama.cpp's `ar` step {ms[0]:.0f} ms {than} torch {choice.name}'s {ms[1]:.0f} ms on this CPU"
     return replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path)
 
 

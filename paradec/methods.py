@@ -13,7 +13,7 @@ hybrid decoder). Variants (``specinfer+ngram``, ProPD's ablations) are methods w
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
@@ -29,6 +29,7 @@ from paradec.config import (
 )
 from paradec.cpu import PassCost
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
+from paradec.draft.auto import AutoDrafter
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.errors import ParadecError
 from paradec.models import Transformer
@@ -36,6 +37,7 @@ from paradec.models.eagle import EagleHead
 from paradec.models.heads import Heads
 from paradec.parallel.grammar import Specials
 from paradec.policy import TreePolicy
+from paradec.policy.auto import AutoStats
 from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
 from paradec.tokenizer import Tokenizer
 
@@ -72,6 +74,7 @@ class Method:
     decode: Callable | None = None  # (engine, prompt ids, gen) -> [Generation]: a method with its own loop
     stream: Callable | None = None  # (engine, one prompt's ids, gen) -> Iterator[str]: its own loop, streamed
     needs: tuple[str, ...] = ()  # a subset of NEEDS
+    uses: tuple[str, ...] = ()  # loaded where the model has them (a subset of NEEDS): what it may choose among
     options: Mapping[str, object] = field(default_factory=dict)  # SpecConfig defaults this method sets
     acceptors: tuple[str, ...] = ACCEPTORS  # sampling acceptors it supports (greedy: always exact match)
     lossless: bool = True  # greedy output == `ar`'s; sampled output distributed as the target's
@@ -82,9 +85,14 @@ class Method:
     def __post_init__(self) -> None:
         if (self.drafter is None) == (self.decode is None):
             raise ValueError(f"method {self.name}: give exactly one of drafter or decode")
-        if set(self.needs) - set(NEEDS):
-            raise ValueError(f"method {self.name}: needs must be among {NEEDS}")
+        if set(self.needs) - set(NEEDS) or set(self.uses) - set(NEEDS):
+            raise ValueError(f"method {self.name}: needs and uses must be among {NEEDS}")
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    @property
+    def loads(self) -> set[str]:
+        """What to load for it: what it needs, and what it uses where the model has it."""
+        return set(self.needs) | set(self.uses)
 
     def missing(self, target: Target) -> list[str]:
         """What this method needs that ``target`` has not loaded (an ASPD model is recognized by
@@ -265,6 +273,32 @@ def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
     )
 
 
+def _auto(target: Target, gen: GenerationConfig) -> Drafter:
+    """Every loaded lossless drafter as an option of ``policy.auto``'s choice, each at its fixed
+    size (auto cuts it); the statistics describe this model on this machine, so they are kept
+    across calls (``deterministic``: this call's alone, and no timings)."""
+    if target.model.backend != "torch":  # llama.cpp's runtime verifies no trees: `ar`
+        return AutoDrafter({}, {}, None, AutoStats(frozen=True), gen.sampling)
+    fixed = replace(gen, spec=replace(gen.spec, dynamic=False, prune=False, with_ngram=False))
+    arms: dict[str, Drafter] = {}
+    sizes: dict[str, int] = {}
+    if target.eagle is not None:
+        arms["eagle"], sizes["eagle"] = _eagle(target, fixed), gen.spec.tree_nodes or EAGLE_TREE_NODES
+    if target.heads is not None:
+        arms["medusa"] = _heads(target, fixed)
+        sizes["medusa"] = gen.spec.tree_nodes or target.heads.meta.get("tree_nodes", DEFAULT_TREE_NODES)
+    if target.drafts:
+        arms["specinfer"] = _specinfer(target, fixed)
+        sizes["specinfer"] = arms["specinfer"].max_nodes
+    per_match, most = PLD_DRAFT["none"]  # the longest chains: auto verifies what pays of them
+    lookup = NgramDrafter(gen.spec.max_ngram, most, 1, per_match=per_match)
+    if gen.spec.deterministic:
+        stats = AutoStats(target.cost, frozen=True)
+    else:
+        stats = target.policies.setdefault(("auto",), AutoStats(target.cost))
+    return AutoDrafter(arms, sizes, lookup, stats, gen.sampling)
+
+
 def _aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:
     from paradec.parallel.generate import generate_aspd
 
@@ -287,6 +321,15 @@ for _m in (
         drafter=_root,
         backends=BOTH,
         acceptors=("mss", "naive"),
+    ),
+    Method(
+        "auto",
+        "each step and row, the loaded drafter (or none) with the most expected tokens per second on this CPU",
+        drafter=_auto,
+        uses=("drafts", "heads", "eagle"),
+        backends=BOTH,
+        acceptors=("mss", "naive"),
+        options={"dynamic": True},  # it sizes its own trees: the batch budget does not cut them
     ),
     Method(
         "specinfer",

@@ -229,6 +229,9 @@ class Scheduler:
             row.stats.target_s += t_fwd
             row.stats.nodes += drafted[b]
             row.stats.verified += len(ver.proposals[b].tree)
+            source = ver.proposals[b].source
+            if source:
+                row.stats.drafters[source] = row.stats.drafters.get(source, 0) + 1
             yield g, StepEvent(i, committed)
             if row.done:  # by EOS or its budget, or by its consumer (a stop string)
                 row.stats.wall_s = time.perf_counter() - g.start

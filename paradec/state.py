@@ -24,6 +24,7 @@ class Stats:
     extra: dict = field(default_factory=dict)  # method-specific counters (aspd: parallel steps, ...)
     offered: list[int] = field(default_factory=list)  # [depth-1] steps whose tree reached depth d
     reached: list[int] = field(default_factory=list)  # [depth-1] steps that accepted a token at depth d
+    drafters: dict[str, int] = field(default_factory=dict)  # auto: steps each drafter proposed ("ar": none)
 
     def record(self, tree_depth: int, accepted: int) -> None:
         for counts, n in ((self.offered, tree_depth), (self.reached, accepted)):
@@ -57,6 +58,7 @@ class Stats:
             "nodes_per_step": round(self.nodes / max(1, self.steps), 3),
             "verified_per_step": round(self.verified / max(1, self.steps), 3),
             "accept_per_depth": [round(a, 4) for a in self.accept_per_depth],
+            **({"drafters": dict(self.drafters)} if self.drafters else {}),
             **self.extra,
         }
 

@@ -274,3 +274,19 @@ def test_bench_quant_suffix_and_llamacpp_peer(tmp_path):
         assert r["new_tokens"] == 12
         if "@" in r["method"]:
             assert r["identical_to_ar"] is True  # vs ar@int4
+
+
+def test_bench_serve_methods_take_turns_and_every_request_counts(monkeypatch):
+    from paradec.bench import serve as bs
+
+    calls = []
+
+    def fake(client, model, prompts, method, concurrency, span, max_tokens, every=0):
+        calls.append((method, len(span)))
+        return [bs._Sample(ttft=0.01, tokens=4) for _ in span], 0.5
+
+    monkeypatch.setattr(bs, "_requests", fake)
+    rows = bs.run_interleaved(None, "m", [], ["ar", "auto", "pld"], concurrency=2, requests=9, max_tokens=8, rounds=3)
+    assert [m for m, _ in calls] == ["ar", "auto", "pld", "auto", "pld", "ar", "pld", "ar", "auto"]
+    assert [r["requests"] for r in rows] == [9, 9, 9] and [r["method"] for r in rows] == ["ar", "auto", "pld"]
+    assert rows[0]["tokens_per_s"] == round(9 * 4 / 1.5, 2)  # every round's tokens over every round's wall

@@ -22,7 +22,7 @@ from paradec.testing import GGUF_CHAT_TEMPLATE  # noqa: E402
 
 KEY = "test-key"
 NAME = "tiny"
-METHODS = ["ar", "pld", "specinfer", "medusa", "propd"]
+METHODS = ["ar", "auto", "pld", "specinfer", "medusa", "propd"]
 PROMPTS = [
     "def fibonacci(n):",
     "import os\nimport sys\n",
@@ -139,6 +139,27 @@ def test_usage_counts_and_done_marker(served, solo):
     assert out["usage"]["completion_tokens"] == len(ref.token_ids)
     assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"]
     assert out["object"] == "text_completion" and out["model"] == NAME
+
+
+def test_auto_is_the_default_and_reports_which_drafters_ran(served, client, solo):
+    ref = solo(PROMPTS[1], max_new_tokens=24)  # the API's default: `ar`
+    out = client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=24, temperature=0)
+    assert out.choices[0].text == ref.text
+    mine = out.model_dump()["usage"]["paradec"]
+    assert mine["method"] == "auto" and mine["steps"] >= 1
+    assert sum(mine["drafters"].values()) == mine["steps"] and set(mine["drafters"]) <= {
+        "ar",
+        "pld",
+        "specinfer",
+        "medusa",
+    }
+    plain = client.completions.create(
+        model=NAME, prompt=PROMPTS[1], max_tokens=24, temperature=0, extra_body={"method": "ar"}
+    )
+    assert "drafters" not in plain.model_dump()["usage"]["paradec"]
+    server, _ = served
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
+    assert "paradec_drafter_steps_total{drafter=" in metrics
 
 
 def test_concurrent_mixed_requests_equal_their_solo_runs(served, client, solo):

@@ -86,7 +86,7 @@ def same_tokens_as(name: str) -> str | None:
 
 def method_needs(name: str) -> set[str]:
     base = split_method(name)[0]
-    return set(PEERS[base].needs) if base in PEERS else set(methods.get(base).needs)
+    return set(PEERS[base].needs) if base in PEERS else methods.get(base).loads
 
 
 class HFPeer:

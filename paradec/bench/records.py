@@ -78,6 +78,8 @@ def record(p: Prompt, method: str, wall: float, batch: int, tokens: list[int], s
             target_share=min(1.0, stats.target_s / wall),
             ms_per_step=1000 * wall / max(1, stats.steps),
         )
+        if stats.drafters:  # auto: steps per drafter
+            rec["drafters"] = dict(stats.drafters)
     return rec
 
 

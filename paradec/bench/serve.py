@@ -5,8 +5,8 @@ For each method (paradec's ``method`` request field; other servers ignore it) an
 concurrency level it runs ``requests`` streamed chat requests from ``concurrency`` client
 threads and reports throughput (completion tokens/s, requests/s), time to first token and
 inter-token latency at p50/p99 (a streamed chunk is a token or several: a speculative step
-commits several at once, so ITL is per chunk divided by its tokens), and errors. Methods run
-interleaved per concurrency level, so machine noise hits them alike.
+commits several at once, so ITL is per chunk divided by its tokens), and errors. At each level
+the methods take turns in rounds (``run_interleaved``), so the machine's drift hits them alike.
 """
 
 from __future__ import annotations
@@ -98,36 +98,28 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def run_level(
+def _requests(
     client,
     model: str,
     prompts: list[Prompt],
     method: str,
     concurrency: int,
-    requests: int,
+    span: range,
     max_tokens: int,
-    disconnect: float = 0.0,
-) -> dict:
-    """``requests`` requests from ``concurrency`` threads (prompts in order, cycled); a
-    ``disconnect`` share of them (every k-th) leave after their first piece of text."""
-    every = round(1 / disconnect) if disconnect > 0 else 0
-    lock, next_i, samples = threading.Lock(), [0], []
+    every: int = 0,
+) -> tuple[list[_Sample], float]:
+    """Requests ``span`` (indices into the prompts, cycled) from ``concurrency`` threads; every
+    ``every``-th leaves after its first piece of text. -> (samples, wall seconds)."""
+    lock, todo, samples = threading.Lock(), list(span), []
 
     def worker() -> None:
         while True:
             with lock:
-                i = next_i[0]
-                next_i[0] += 1
-            if i >= requests:
-                return
-            s = _one(
-                client,
-                model,
-                prompts[i % len(prompts)],
-                method,
-                max_tokens,
-                leave=bool(every) and i % every == every - 1,
-            )
+                if not todo:
+                    return
+                i = todo.pop(0)
+            leave = bool(every) and i % every == every - 1
+            s = _one(client, model, prompts[i % len(prompts)], method, max_tokens, leave=leave)
             with lock:
                 samples.append(s)
 
@@ -135,7 +127,11 @@ def run_level(
     with ThreadPoolExecutor(concurrency) as pool:
         for f in [pool.submit(worker) for _ in range(concurrency)]:
             f.result()
-    wall = time.perf_counter() - t0
+    return samples, time.perf_counter() - t0
+
+
+def summarize(samples: list[_Sample], wall: float, method: str, concurrency: int) -> dict:
+    """One table row of ``samples`` that took ``wall`` seconds of serving."""
     ok = [s for s in samples if s.error is None and not s.left]
     ttft = [s.ttft for s in ok if s.ttft is not None]
     itl = [x for s in ok for x in s.itl]
@@ -160,6 +156,35 @@ def run_level(
     }
 
 
+def run_interleaved(
+    client,
+    model: str,
+    prompts: list[Prompt],
+    methods: list[str],
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    rounds: int = 4,
+    disconnect: float = 0.0,
+) -> list[dict]:
+    """Every method serves the same ``requests`` requests at ``concurrency``, in ``rounds``
+    rounds; each round runs every method's share back to back, the order rotating from round to
+    round, so the machine's drift and noise fall on every method alike. -> one row per method."""
+    every = round(1 / disconnect) if disconnect > 0 else 0
+    rounds = max(1, min(rounds, requests // max(1, concurrency)))  # a round keeps every client busy
+    cuts = [requests * r // rounds for r in range(rounds + 1)]
+    samples: dict[str, list[_Sample]] = {m: [] for m in methods}
+    wall = dict.fromkeys(methods, 0.0)
+    for r in range(rounds):
+        for method in methods[r % len(methods) :] + methods[: r % len(methods)]:
+            got, seconds = _requests(
+                client, model, prompts, method, concurrency, range(cuts[r], cuts[r + 1]), max_tokens, every
+            )
+            samples[method] += got
+            wall[method] += seconds
+    return [summarize(samples[m], wall[m], m, concurrency) for m in methods]
+
+
 def bench_serve(
     url: str,
     prompts: list[Prompt],
@@ -171,6 +196,7 @@ def bench_serve(
     api_key: str | None = None,
     model: str | None = None,
     disconnect: float = 0.0,
+    rounds: int = 4,
 ) -> dict:
     import openai
 
@@ -183,9 +209,10 @@ def bench_serve(
     model = model or client.models.list().data[0].id
     rows = []
     for level in levels:
-        for method in methods:  # interleaved: each level runs every method back to back
-            rows.append(run_level(client, model, prompts, method, level, requests, max_tokens, disconnect))
-            print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+        level_rows = run_interleaved(client, model, prompts, methods, level, requests, max_tokens, rounds, disconnect)
+        for row in level_rows:
+            print(markdown_table([row], COLUMNS).splitlines()[-1], flush=True)
+        rows += level_rows
     result = {
         "config": {
             "url": url,
@@ -196,6 +223,7 @@ def bench_serve(
             "max_tokens": max_tokens,
             "prompts": len(prompts),
             "disconnect": disconnect,
+            "rounds": rounds,
         },
         "rows": rows,
     }

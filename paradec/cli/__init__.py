@@ -35,7 +35,7 @@ def _add_decode_parsers(sub) -> None:
     """generate and chat."""
     g = sub.add_parser("generate", help="generate text for one prompt")
     add_model_args(g)
-    g.add_argument("--method", default="ar", choices=methods.names(), metavar="METHOD", help=method_help())
+    g.add_argument("--method", default="auto", choices=methods.names(), metavar="METHOD", help=method_help())
     add_sampling(g)
     add_spec(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -46,7 +46,7 @@ def _add_decode_parsers(sub) -> None:
     add_model_args(c)
     c.add_argument(
         "--method",
-        default="ar",
+        default="auto",
         choices=[m.name for m in methods.methods() if m.drafter],
         metavar="METHOD",
         help=method_help(),
@@ -151,7 +151,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
 
     methods.generation_config(**generation_options(args))  # bad options fail now, not after the load
-    model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
+    model, drafts, heads, eagle = model_and_drafters(args, methods.get(args.method).loads)
     engine = paradec.load(**load_options(args, model, drafts, heads, eagle), methods_used=(args.method,))
     kwargs = dict(generation_options(args), chat=args.chat)
     if args.json:
@@ -174,7 +174,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
             args.system.encode("utf-8")
         except UnicodeEncodeError:
             raise ParadecError("--system is not valid UTF-8 text; pass UTF-8") from None
-    model, drafts, heads, eagle = model_and_drafters(args, set(methods.get(args.method).needs))
+    model, drafts, heads, eagle = model_and_drafters(args, methods.get(args.method).loads)
     engine = paradec.load(**load_options(args, model, drafts, heads, eagle), methods_used=(args.method,))
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets", file=sys.stderr)
     # undecodable bytes reach the tokenizer's UTF-8 check (one line, the chat goes on), not a traceback

@@ -30,7 +30,7 @@ def add_serve_parsers(sub) -> None:
     served = [m.name for m in methods.methods()]
     sv.add_argument(
         "--method",
-        default="ar",
+        default="auto",
         choices=served,
         metavar="METHOD",
         help="the default method; a request may name another in its `method` field: "
@@ -60,9 +60,16 @@ def add_serve_parsers(sub) -> None:
 
     bs = sub.add_parser("bench-serve", help="load-test an OpenAI-compatible server: throughput, TTFT, ITL")
     bs.add_argument("--url", default="http://127.0.0.1:8000", help="the server (paradec serve, vLLM, ...)")
-    bs.add_argument("--methods", default="ar", help="comma-separated paradec methods (the request's `method`)")
+    bs.add_argument(
+        "--methods",
+        default="ar,auto",
+        help="comma-separated paradec methods (the request's `method`); the first is the baseline",
+    )
     bs.add_argument("--concurrency", type=_levels, default=[1, 4, 16], help="client threads per level (1,4,16)")
     bs.add_argument("--requests", type=int, default=32, help="requests per method and level")
+    bs.add_argument(
+        "--rounds", type=int, default=4, help="the methods take turns this many times per level (machine drift)"
+    )
     bs.add_argument("--prompts", required=True, help="question.jsonl (Spec-Bench, MT-bench), HumanEval, or text")
     bs.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
     bs.add_argument("--limit", type=int, default=None)
@@ -91,8 +98,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.replicas < 0 or (args.ray_address and not args.replicas):
         raise ParadecError("--replicas must be >= 0, and --ray-address needs --replicas N")
     # a request may ask any shared-loop method; an own-loop one (ASPD) is served when --method names it
-    needs = {n for m in methods.methods() if m.drafter for n in m.needs} | set(methods.get(args.method).needs)
-    if args.backend == "llamacpp":  # llama.cpp serves the methods that need nothing loaded (ar, pld)
+    needs = {n for m in methods.methods() if m.drafter for n in m.needs} | methods.get(args.method).loads
+    if args.backend == "llamacpp":  # llama.cpp serves the methods that need nothing loaded (ar, auto)
         needs = set(methods.get(args.method).needs)
     model, drafts, heads, eagle = model_and_drafters(args, needs)
     _check_memory(model, args.max_batch)
@@ -134,8 +141,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
         from paradec.bench.serve import bench_serve
     except ImportError as exc:
         raise ParadecError(f'bench-serve needs {exc.name}; install it with pip install -e ".[serve]"') from None
-    if args.requests < 1 or args.max_tokens < 1:
-        raise ParadecError("--requests and --max-tokens must be >= 1")
+    if args.requests < 1 or args.max_tokens < 1 or args.rounds < 1:
+        raise ParadecError("--requests, --rounds and --max-tokens must be >= 1")
     if not 0 <= args.disconnect <= 1:
         raise ParadecError(f"--disconnect {args.disconnect}: pass a share in [0, 1]")
     out = Path(args.out)
@@ -160,6 +167,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
         api_key=args.api_key,
         model=args.model,
         disconnect=args.disconnect,
+        rounds=args.rounds,
     )
     print(f"wrote {out}/results.json, results.md, throughput.png")
 

@@ -25,6 +25,7 @@ class NgramDrafter:
     ) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.num_draft, self.branches, self.per_match = num_draft, branches, per_match
+        self.matched = 0  # the suffix length the last lookup matched (0: none)
 
     @property
     def max_nodes(self) -> int:
@@ -45,7 +46,9 @@ class NgramDrafter:
                     if len(found) == self.branches:
                         break
             if found:
+                self.matched = n
                 return found
+        self.matched = 0
         return []
 
     def propose(self, tokens: list[int]) -> DraftTree:

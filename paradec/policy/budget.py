@@ -43,11 +43,39 @@ def size_class(proposed: int) -> int:
     return min(proposed, 2) if proposed <= 2 else (proposed - 1).bit_length() + 1
 
 
+class Acceptance:
+    """P(node n of a tree is on the accepted path | it was verified), per kind of tree (``key``:
+    who drafted it and in which context), learned online with exponential forgetting from a
+    prior of PRIOR_ACCEPT ** n worth PRIOR_WEIGHT observations. Nodes count parents first, so
+    a tree cut to its first w nodes expects 1 + sum_{0 < n < w} rate(n) committed tokens."""
+
+    def __init__(self, decay: float = 0.995) -> None:
+        self.decay = decay
+        self.hits: dict[tuple, float] = defaultdict(float)  # (key, node) -> on the accepted path
+        self.trials: dict[tuple, float] = defaultdict(float)  # (key, node) -> verified
+
+    def rate(self, key: tuple, node: int) -> float:
+        k = (key, node)
+        return (self.hits[k] + PRIOR_ACCEPT**node * PRIOR_WEIGHT) / (self.trials[k] + PRIOR_WEIGHT)
+
+    def expected(self, key: tuple, nodes: int) -> float:
+        """Committed tokens of a tree whose first ``nodes`` nodes past the root are verified."""
+        return 1.0 + sum(self.rate(key, n) for n in range(1, nodes + 1))
+
+    def observe(self, key: tuple, offered: int, accepted: list[int]) -> None:
+        """Nodes 1..``offered`` of a ``key`` tree were verified; ``accepted`` (indices) were on the path."""
+        for k in self.hits:
+            self.hits[k] *= self.decay
+            self.trials[k] *= self.decay
+        on_path = set(accepted)
+        for n in range(1, offered + 1):
+            self.trials[(key, n)] += 1.0
+            self.hits[(key, n)] += n in on_path
+
+
 class BatchBudget:
     def __init__(self, curve: PassCost | None = None, decay: float = 0.995) -> None:
-        self.decay = decay
-        self.hits: dict[tuple, float] = defaultdict(float)  # (method, size class, node) -> on the accepted path
-        self.trials: dict[tuple, float] = defaultdict(float)  # ... -> verified
+        self.accept = Acceptance(decay)  # (method, size class, node) -> on the accepted path
         self.latency = CurveLatency(curve) if curve is not None else LatencyModel()
         # without a curve, the widths tried first to fit the latency line (None: the widest)
         self.probe: list[int | None] = [] if curve is not None else [1, None]
@@ -57,12 +85,11 @@ class BatchBudget:
         self.skipped = 0  # steps in a row whose drafting was skipped because it did not pay
 
     def rate(self, method: str, proposed: int, node: int) -> float:
-        key = (method, size_class(proposed), node)
-        return (self.hits[key] + PRIOR_ACCEPT**node * PRIOR_WEIGHT) / (self.trials[key] + PRIOR_WEIGHT)
+        return self.accept.rate((method, size_class(proposed)), node)
 
     def expected(self, method: str, proposed: int, width: int) -> float:
         """Committed tokens of a row whose tree of ``proposed`` nodes past the root is cut to ``width``."""
-        return 1.0 + sum(self.rate(method, proposed, n) for n in range(1, min(proposed, width - 1) + 1))
+        return self.accept.expected((method, size_class(proposed)), min(proposed, width - 1))
 
     def choose(self, trees: list[tuple[str, int]]) -> int:
         """trees: per row, (method, nodes proposed past the root) -> the width W (nodes per row)."""
@@ -85,15 +112,7 @@ class BatchBudget:
     def observe(self, method: str, proposed: int, offered: int, accepted: list[int]) -> None:
         """A row's verdict: of its tree (``proposed`` nodes past the root, cut to ``offered``),
         the nodes ``accepted`` (indices, root excluded) were on the accepted path."""
-        for key in self.hits:
-            self.hits[key] *= self.decay
-            self.trials[key] *= self.decay
-        on_path = set(accepted)
-        size = size_class(proposed)
-        for n in range(1, offered + 1):
-            key = (method, size, n)
-            self.trials[key] += 1.0
-            self.hits[key] += n in on_path
+        self.accept.observe((method, size_class(proposed)), offered, accepted)
 
     def observe_pass(self, positions: int, seconds: float) -> None:
         self.latency.observe(positions, seconds)

@@ -24,7 +24,7 @@ __all__ = ["Job", "Worker", "build_app", "run"]
 def build_app(
     engine,
     model_name: str,
-    method: str = "ar",
+    method: str = "auto",
     max_batch: int = 8,
     max_queue: int = 64,
     api_key: str | None = None,

@@ -95,8 +95,13 @@ class _Reply:
         self.created = int(time.time())
 
     def usage(self) -> dict:
-        prompt, completion = len(self.job.ids), self.job.completion_tokens
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        prompt, completion, stats = len(self.job.ids), self.job.completion_tokens, self.job.stats
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        if stats is not None:  # paradec's own: target passes, and which drafters proposed in how many (auto)
+            usage["paradec"] = {"method": stats.method, "steps": stats.steps, "tau": round(stats.tau, 4)}
+            if stats.drafters:
+                usage["paradec"]["drafters"] = dict(stats.drafters)
+        return usage
 
     def finish(self) -> str:
         return "length" if self.job.finish_reason == "length" else "stop"
@@ -248,7 +253,7 @@ class _Api:
 def create_app(
     worker: Worker,
     model_name: str,
-    default_method: str = "ar",
+    default_method: str = "auto",
     api_key: str | None = None,
     max_tokens_limit: int = 4096,
     max_body_bytes: int = MAX_BODY_BYTES,

@@ -18,6 +18,12 @@ class Metrics:
         self.prompt_tokens = Counter("paradec_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.tokens = Counter("paradec_generated_tokens", "Tokens generated", registry=r)
         self.request_steps = Counter("paradec_request_steps", "Decode steps of finished requests", registry=r)
+        self.drafter_steps = Counter(
+            "paradec_drafter_steps",
+            "Decode steps of finished requests by the drafter that proposed (auto)",
+            ["drafter"],
+            registry=r,
+        )
         self.tau = Gauge("paradec_tau", "Tokens per target pass (tau) of the finished requests so far", registry=r)
         self.step_seconds = Histogram(
             "paradec_step_seconds", "Wall time of one decode step (all live requests)", buckets=STEP_BUCKETS, registry=r
@@ -38,6 +44,8 @@ class Metrics:
         self.requests.labels("cancelled" if cancelled else "ok").inc()
         self.tokens.inc(stats.new_tokens)
         self.request_steps.inc(stats.steps)
+        for drafter, steps in stats.drafters.items():
+            self.drafter_steps.labels(drafter).inc(steps)
         self._tokens += stats.new_tokens
         self._steps += stats.steps
         self.tau.set(self._tokens / self._steps if self._steps else 0.0)

@@ -25,7 +25,7 @@ from paradec.config import MAX_TREE_NODES, GenerationConfig
 from paradec.engine import Engine
 from paradec.scheduler import Group, Scheduler
 from paradec.serve.metrics import Metrics
-from paradec.state import StepEvent
+from paradec.state import Stats, StepEvent
 from paradec.text import TextStream
 
 # Scratch slots per cache row for a request's trees: a request whose drafter may propose more
@@ -51,6 +51,7 @@ class Job:
     group: Group | None = None
     cancelled: bool = False
     own: Generator | None = None  # a method with its own loop: its stream, one piece per pass
+    stats: Stats | None = None  # what its decode cost (the shared loop's methods), once it has ended
 
 
 class Worker:
@@ -215,7 +216,7 @@ class Worker:
             if group.done:
                 row = group.rows[0]
                 job.finish_reason = "cancelled" if job.cancelled else row.finish_reason
-                job.completion_tokens = len(row.new_ids)
+                job.completion_tokens, job.stats = len(row.new_ids), row.stats
                 if group.error is not None:  # its own sampling or drafter failed; the others went on
                     job.error, job.finish_reason = f"the engine failed: {group.error}", "error"
                     self.metrics.errors.inc()

@@ -32,6 +32,7 @@ class Draw:
 class Proposal:
     tree: TokenTree
     draws: list[list[Draw]]  # [nodes] candidates under each node, in the order proposed
+    source: str = ""  # the drafter that proposed it, where a method chooses among several (auto)
 
     @staticmethod
     def root_only(root: int) -> Proposal:
@@ -40,7 +41,7 @@ class Proposal:
     def cut(self, nodes: int) -> Proposal:
         """The first ``nodes`` nodes (parents come first, so a prefix is a tree) and their draws."""
         tree = TokenTree(self.tree.tokens[:nodes], self.tree.parents[:nodes])
-        return Proposal(tree, [[d for d in draws if d.child < nodes] for draws in self.draws[:nodes]])
+        return Proposal(tree, [[d for d in draws if d.child < nodes] for draws in self.draws[:nodes]], self.source)
 
 
 def merge(root: int, drafts: list[DraftTree]) -> Proposal:

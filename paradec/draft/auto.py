@@ -1,0 +1,116 @@
+"""``auto``: every step, every row drafts with whichever loaded drafter ``policy.auto`` expects to
+commit the most tokens per second, or not at all (`ar`).
+
+Prompt lookup costs nothing to ask, so it runs first for every row and its chain (whose size
+says how long a suffix matched) is one option; the model drafters (EAGLE's head, Medusa heads,
+SSMs) are options at the size they proposed last. The drafters no row chose are told to skip
+this step (``set_width(0)``: no head or SSM passes) but still see every commit, so their state
+stays in step with the text and they can be chosen at the next step. Each proposal carries the
+name of the drafter that made it (``Proposal.source``), which the scheduler counts per row: the
+answer says which drafters ran and how often.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from paradec.config import SamplingConfig
+from paradec.draft.base import DrafterHooks
+from paradec.draft.ngram import NgramDrafter
+from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose
+from paradec.tree.proposal import Proposal, merge
+
+
+class AutoDrafter(DrafterHooks):
+    """``arms``: name -> a drafter of the shared loop, whose trees have up to ``sizes[name]`` nodes
+    past the root (it drafts less when told a smaller width); ``lookup``: prompt lookup (None:
+    not offered, as on llama.cpp's runtime, which verifies no trees)."""
+
+    def __init__(
+        self,
+        arms: dict,
+        sizes: dict[str, int],
+        lookup: NgramDrafter | None,
+        stats: AutoStats,
+        sampling: SamplingConfig,
+    ) -> None:
+        self.arms, self.sizes, self.lookup, self.stats = arms, sizes, lookup, stats
+        self.greedy = sampling.greedy
+        self.rows: list[RowStats] = []
+        self.choices: list[Choice] = []  # per row: this step's choice
+        self.trees: list[Proposal] = []  # per row: what it verified
+        self.batch = 1  # rows in the last pass (the scheduler's, not only this group's)
+        self.draft_s = 0.0  # this step's drafting time
+
+    @property
+    def max_nodes(self) -> int:
+        chain = self.lookup.max_nodes + 1 if self.lookup is not None else 0
+        return max([chain, *(arm.max_nodes for arm in self.arms.values())])
+
+    def begin(self, prompts: list[list[int]], max_len: int, features: torch.Tensor | None = None) -> None:
+        for arm in self.arms.values():
+            arm.begin(prompts, max_len, features)
+        self.rows = [RowStats(self.stats.accept) for _ in prompts]
+        self.batch = max(self.batch, len(prompts))
+
+    def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]:
+        t0 = time.perf_counter()
+        chains, matched = None, []
+        if self.lookup is not None:
+            chains = []
+            for seq in sequences:
+                chains.append(self.lookup.propose(seq))
+                matched.append(self.lookup.matched)  # the context of its statistics: a longer match, a surer chain
+            self.stats.observe_draft("pld", time.perf_counter() - t0)
+        self.choices = []
+        for b in range(len(sequences)):
+            options = [Option(name, self.sizes[name]) for name in self.arms]
+            if chains is not None and len(chains[b].tokens) > 1:
+                options.append(Option("pld", len(chains[b].tokens) - 1, matched[b]))
+            self.choices.append(choose(self.stats, self.rows[b], options, self.batch))
+        drafted = {}
+        for name, arm in self.arms.items():
+            widths = [c.width for c in self.choices if c.drafter == name]
+            arm.set_width(max(widths) if widths else 0)  # 0: no passes of its own this step
+            t_arm = time.perf_counter()
+            drafted[name] = arm.propose(sequences, generators)
+            if widths:
+                self.stats.observe_draft(name, time.perf_counter() - t_arm)
+        self.trees = []
+        for b, (seq, c) in enumerate(zip(sequences, self.choices)):
+            if c.drafter == "ar":
+                prop = Proposal.root_only(seq[-1])
+            elif c.drafter == "pld":
+                prop = merge(seq[-1], [chains[b]]).cut(c.width)
+            else:  # a drawn tree is verified whole: which draws are kept must not depend on their values
+                prop = drafted[c.drafter][b]
+                prop = prop.cut(c.width) if self.greedy else prop
+            prop.source = c.drafter
+            self.trees.append(prop)
+        self.draft_s = time.perf_counter() - t0
+        return self.trees
+
+    def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None:
+        for arm in self.arms.values():
+            arm.commit(row, accepted, bonus, hidden)
+        c, tree = self.choices[row], self.trees[row].tree
+        if c.drafter != "ar":
+            self.rows[row].observe((c.drafter, c.context), len(tree) - 1, _path(tree, accepted))
+
+    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
+        self.batch = batch
+        self.stats.observe_pass(batch * verified, max(seconds - self.draft_s, 1e-6))
+
+
+def _path(tree, accepted: list[int]) -> list[int]:
+    """The nodes of ``tree`` (a TokenTree) that the ``accepted`` tokens walked, root excluded."""
+    kids = {(p, t): n for n, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if n}
+    nodes, node = [], 0
+    for tok in accepted:
+        node = kids.get((node, tok))
+        if node is None:
+            break
+        nodes.append(node)
+    return nodes

@@ -1,0 +1,125 @@
+"""``auto``'s choice: per row and step, which drafter proposes and how much of its tree is
+verified, to maximize expected committed tokens per second (ProPD's cost model, generalized from
+"how big a tree" to "which drafter, and how big").
+
+For a row in a pass of ``batch`` rows, drafter a with its tree cut to w nodes (root included):
+
+    value(a, w) = E_a(w) / (T(batch * w) / batch + d_a)
+
+- E_a(w) = 1 + sum_{0 < n < w} r_a(n): the expected committed tokens. r_a(n), the chance that
+  node n is on the accepted path, is learned online per drafter and context (prompt lookup: the
+  size of its chain, which grows with the matched suffix), once for the engine (``Acceptance``:
+  it describes this model on this text so far) and once per row (recent steps of this answer),
+  the row's estimate shrunk towards the engine's: a code answer and a poem get different choices.
+- T(n): the measured pass-cost curve of this CPU and format (``paradec.cpu``), its scale refit
+  on the steps measured here. T(batch * w) / batch is a row's share of the pass when every row
+  pads to w, as a batch of rows that choose alike does.
+- d_a: what drafter a's proposal costs a step, measured (prompt lookup: ~0; EAGLE: its head's
+  passes; an SSM: its passes), starting at 0 so that every drafter is tried.
+
+`ar` is w = 1: value 1 / T(batch) / batch. A row whose choice has been `ar` for EXPLORE_EVERY steps
+tries its next-best drafter once, so statistics that have drifted are seen again. Every input is
+known before the step's draws, so the output stays the target's: token for token in greedy mode,
+in distribution when sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paradec.cpu import PassCost
+from paradec.policy.budget import Acceptance
+from paradec.policy.dynamic import CurveLatency, LatencyModel
+
+EXPLORE_EVERY = 16  # steps of `ar` in a row after which a row tries its next-best drafter once
+ROW_WEIGHT = 4.0  # the engine's rate counts as this many of the row's own observations
+ROW_DECAY = 0.9  # a row's own statistics forget fast: the text changes within an answer
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way a row may draft this step: ``drafter`` proposing ``size`` nodes past the root, in
+    ``context`` (a key of its statistics)."""
+
+    drafter: str
+    size: int
+    context: int = 0
+
+
+@dataclass(frozen=True)
+class Choice:
+    drafter: str
+    width: int  # nodes verified, root included (1: nothing drafted)
+    context: int = 0
+    value: float = 0.0  # expected committed tokens per second of the row
+
+
+@dataclass
+class AutoStats:
+    """What ``auto`` learns about this model on this machine, shared by every request of an engine:
+    acceptance by drafter and context, the pass latency, each drafter's own cost per step."""
+
+    curve: PassCost | None = None
+    frozen: bool = False  # deterministic: no timings (the choice follows the tokens alone)
+    accept: Acceptance = field(default_factory=Acceptance)
+    draft_s: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per step (recent average)
+
+    def __post_init__(self) -> None:
+        self.latency = CurveLatency(self.curve) if self.curve is not None else LatencyModel()
+
+    def pass_s(self, positions: int) -> float:
+        if self.frozen:
+            return self.curve.predict(positions) if self.curve is not None else 1.0
+        return self.latency.predict(positions)
+
+    def observe_pass(self, positions: int, seconds: float) -> None:
+        if not self.frozen:
+            self.latency.observe(positions, seconds)
+
+    def observe_draft(self, drafter: str, seconds: float, decay: float = 0.8) -> None:
+        if not self.frozen:
+            self.draft_s[drafter] = self.draft_s.get(drafter, seconds) * decay + seconds * (1 - decay)
+
+
+class RowStats:
+    """One row's own acceptance, shrunk towards the engine's (``ROW_WEIGHT``)."""
+
+    def __init__(self, shared: Acceptance) -> None:
+        self.shared = shared
+        self.own = Acceptance(ROW_DECAY)
+        self.plain = 0  # steps in a row that chose `ar`
+
+    def rate(self, key: tuple, node: int) -> float:
+        k = (key, node)
+        prior = self.shared.rate(key, node)
+        return (self.own.hits[k] + ROW_WEIGHT * prior) / (self.own.trials[k] + ROW_WEIGHT)
+
+    def expected(self, key: tuple, nodes: int) -> float:
+        return 1.0 + sum(self.rate(key, n) for n in range(1, nodes + 1))
+
+    def observe(self, key: tuple, offered: int, accepted: list[int]) -> None:
+        self.own.observe(key, offered, accepted)
+        self.shared.observe(key, offered, accepted)
+
+
+def choose(stats: AutoStats, row: RowStats, options: list[Option], batch: int) -> Choice:
+    """The row's best option and width by expected committed tokens per second (see the module's
+    docstring); after EXPLORE_EVERY choices of `ar` in a row, the best option that drafts."""
+    plain = Choice("ar", 1, 0, 1.0 / (stats.pass_s(batch) / batch))
+    best, runner_up = plain, None
+    for opt in options:
+        cost = 0.0 if stats.frozen else stats.draft_s.get(opt.drafter, 0.0)
+        key = (opt.drafter, opt.context)
+        gained = 0.0
+        for w in range(2, opt.size + 2):
+            gained += row.rate(key, w - 1)
+            value = (1.0 + gained) / (stats.pass_s(batch * w) / batch + cost)
+            if value > best.value * (1 + 1e-9):
+                best = Choice(opt.drafter, w, opt.context, value)
+            if runner_up is None or value > runner_up.value:
+                runner_up = Choice(opt.drafter, w, opt.context, value)
+    row.plain = row.plain + 1 if best.drafter == "ar" else 0
+    if row.plain >= EXPLORE_EVERY and runner_up is not None:  # look again at what is not run
+        row.plain = 0
+        return runner_up
+    return best

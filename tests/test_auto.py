@@ -1,0 +1,145 @@
+"""``auto``: per row and step, the drafter (or none) with the most expected tokens per second. Its
+output is `ar`'s in greedy mode and the target's distribution when sampling, whatever it chooses;
+the choice follows the measured curve, the drafters' costs and their learned acceptance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROMPTS, two_token_joint_tv
+
+import paradec
+from paradec.cpu import PassCost
+from paradec.policy.auto import EXPLORE_EVERY, AutoStats, Option, RowStats, choose
+
+N_NEW = 24
+REPEATS = ["a b c d e f g a b c d e f g a b c", "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n"]
+
+
+@pytest.fixture(scope="module")
+def engine(llama_dir, drafters, tmp_path_factory):
+    from paradec.models.eagle import EagleHead
+
+    draft, heads = drafters
+    engine = paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads, cost=PassCost.flat())
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("eagle") / "head"
+    EagleHead(engine.model.config).save(path, {})
+    engine.load_eagle(path)
+    return engine
+
+
+def test_greedy_is_ar_and_it_says_which_drafters_ran(engine):
+    prompts = PROMPTS + REPEATS
+    ar = [g.token_ids for g in engine.generate(prompts, max_new_tokens=N_NEW, ignore_eos=True)]
+    out = engine.generate(prompts, method="auto", max_new_tokens=N_NEW, ignore_eos=True)
+    assert [g.token_ids for g in out] == ar
+    ran = {}
+    for g in out:
+        assert sum(g.stats.drafters.values()) == g.stats.steps  # every step names its drafter
+        assert g.stats.as_dict()["drafters"] == g.stats.drafters
+        for name, n in g.stats.drafters.items():
+            ran[name] = ran.get(name, 0) + n
+    # every passes costs the same (flat curve): drafting pays, and every loaded drafter was tried
+    assert {"pld", "eagle", "medusa", "specinfer"} <= set(ran)
+    assert sum(g.stats.new_tokens for g in out) > sum(g.stats.steps for g in out)
+
+
+def test_one_row_alone_and_a_fresh_engine_statistics_keep_ar(engine):
+    engine.policies.pop(("auto",), None)  # the statistics start again from the prior
+    for prompt in REPEATS:
+        ar = engine.generate(prompt, max_new_tokens=N_NEW, ignore_eos=True).token_ids
+        assert engine.generate(prompt, method="auto", max_new_tokens=N_NEW, ignore_eos=True).token_ids == ar
+
+
+def test_sampling_keeps_the_target_distribution(engine):
+    tv, bound, _, _ = two_token_joint_tv(engine, method="auto")
+    assert tv < bound
+
+
+def test_deterministic_sampling_is_seeded(engine):
+    opts = dict(method="auto", max_new_tokens=N_NEW, temperature=0.8, seed=7, deterministic=True, ignore_eos=True)
+    first = engine.generate(PROMPTS, **opts)
+    assert [g.token_ids for g in engine.generate(PROMPTS, **opts)] == [g.token_ids for g in first]
+
+
+def test_llamacpp_like_runtime_without_drafters_is_ar(llama_dir):
+    engine = paradec.load(llama_dir, dtype="fp32", cost=PassCost.flat())
+    ar = [g.token_ids for g in engine.generate(REPEATS, max_new_tokens=N_NEW, ignore_eos=True)]
+    out = engine.generate(REPEATS, method="auto", max_new_tokens=N_NEW, ignore_eos=True)
+    assert [g.token_ids for g in out] == ar
+    assert set().union(*(g.stats.drafters for g in out)) <= {"ar", "pld"}  # prompt lookup alone is loaded
+
+
+# ---- the choice ---------------------------------------------------------------------------------
+def steep_curve() -> PassCost:
+    """8 positions cost 3.8 `ar` steps (an AVX2 core without native bf16, roughly)."""
+    return PassCost("steep", (1, 64), (0.01, 0.01 + 63 * 0.004))
+
+
+def proportional() -> PassCost:
+    """A pass costs in proportion to its positions: no draft can pay."""
+    return PassCost("proportional", (1, 64), (0.01, 0.64))
+
+
+def knee(at: int = 16) -> PassCost:
+    """Flat up to ``at`` positions, then linear (a wide core: a few positions cost one)."""
+    return PassCost("knee", (1, at, 4 * at), (0.01, 0.01, 0.04))
+
+
+def learned(stats: AutoStats, drafter: str, context: int, rate: float, nodes: int = 16, n: int = 200) -> None:
+    """``n`` observations of a chain whose node k is accepted with probability ``rate`` ** k."""
+    for i in range(n):
+        depth = 0
+        while depth < nodes and (i * 7919 + depth * 104729) % 1000 < rate * 1000:
+            depth += 1
+        stats.accept.observe((drafter, context), nodes, list(range(1, depth + 1)))
+
+
+def test_a_flat_curve_verifies_a_sure_chain_whole_and_a_steep_one_only_what_pays():
+    flat, steep = AutoStats(PassCost.flat()), AutoStats(steep_curve())
+    for stats in (flat, steep):
+        learned(stats, "pld", 4, 0.95)
+        learned(stats, "eagle", 0, 0.3)
+    options = [Option("pld", 16, 4), Option("eagle", 8)]
+    assert choose(flat, RowStats(flat.accept), options, 1).drafter == "pld"
+    assert choose(flat, RowStats(flat.accept), options, 1).width == 17
+    # steep: pld's sure chain pays for a few nodes, eagle's unsure tree for none
+    pick = choose(steep, RowStats(steep.accept), options, 1)
+    assert pick.drafter == "pld" and 2 <= pick.width < 17
+    assert choose(steep, RowStats(steep.accept), [Option("eagle", 8)], 1).drafter == "ar"
+
+
+def test_a_drafter_that_costs_more_than_it_saves_is_not_run():
+    stats = AutoStats(PassCost.flat())
+    learned(stats, "eagle", 0, 0.5)
+    assert choose(stats, RowStats(stats.accept), [Option("eagle", 8)], 1).drafter == "eagle"
+    stats.draft_s["eagle"] = 0.05  # five passes' worth of head passes for ~1 accepted token
+    assert choose(stats, RowStats(stats.accept), [Option("eagle", 8)], 1).drafter == "ar"
+
+
+def test_a_big_batch_drafts_less():
+    stats = AutoStats(knee(16))
+    learned(stats, "pld", 2, 0.6)
+    row = RowStats(stats.accept)
+    alone = choose(stats, row, [Option("pld", 8, 2)], 1)
+    crowded = choose(stats, row, [Option("pld", 8, 2)], 16)
+    assert alone.width == 9 and crowded.drafter == "ar"  # 16 rows x 2 positions are past the knee
+
+
+def test_a_rows_own_text_moves_its_choice():
+    stats = AutoStats(steep_curve())
+    learned(stats, "pld", 1, 0.3)
+    code, prose = RowStats(stats.accept), RowStats(stats.accept)
+    for _ in range(30):  # this row's chains are accepted whole
+        code.own.observe(("pld", 1), 4, [1, 2, 3, 4])
+    options = [Option("pld", 4, 1)]
+    assert choose(stats, code, options, 1).drafter == "pld"
+    assert choose(stats, prose, options, 1).drafter == "ar"
+
+
+def test_a_row_that_only_decodes_looks_again():
+    stats = AutoStats(proportional())
+    row = RowStats(stats.accept)
+    picks = [choose(stats, row, [Option("eagle", 8)], 1).drafter for _ in range(EXPLORE_EVERY)]
+    assert picks[:-1] == ["ar"] * (EXPLORE_EVERY - 1) and picks[-1] == "eagle"
