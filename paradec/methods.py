@@ -13,49 +13,18 @@ hybrid decoder). Variants (``specinfer+ngram``, ProPD's ablations) are methods w
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
 
-from paradec.config import (
-    ACCEPTORS,
-    DEFAULT_TREE_NODES,
-    EAGLE_LOOKUP_MIN_NGRAM,
-    EAGLE_TREE_NODES,
-    PLD_DRAFT,
-    GenerationConfig,
-    SamplingConfig,
-    SpecConfig,
-)
-from paradec.cpu import PassCost
-from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
-from paradec.draft.auto import AutoDrafter
-from paradec.draft.eagle import EagleCostModel, EagleDrafter
+from paradec import factories
+from paradec.config import ACCEPTORS, GenerationConfig, SamplingConfig, SpecConfig
+from paradec.draft import Drafter
 from paradec.errors import ParadecError
-from paradec.models import Transformer
-from paradec.models.eagle import EagleHead
-from paradec.models.heads import Heads
+from paradec.factories import Target
 from paradec.parallel.grammar import Specials
-from paradec.policy import TreePolicy
-from paradec.policy.auto import AutoStats
-from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
-from paradec.tokenizer import Tokenizer
 
 # what a method may need loaded: draft models, Medusa heads, an early head, a model fine-tuned for it
 NEEDS = ("drafts", "heads", "early_head", "aspd_model", "eagle")
-
-
-class Target(Protocol):
-    """What a factory may read from the loaded engine."""
-
-    model: Transformer
-    tokenizer: Tokenizer
-    drafts: list[Transformer]
-    heads: Heads | None
-    eagle: EagleHead | None
-    policies: dict[tuple, TreePolicy]  # ProPD's online statistics, kept across calls
-    quant: str  # the target's weight format (models.quant)
-    cost: PassCost | None  # what a pass of each width costs on this CPU (paradec.cpu), policies' prior
 
 
 def _writes_aspd_markup(target: Target) -> bool:
@@ -200,117 +169,6 @@ def methods() -> tuple[Method, ...]:
     return tuple(_REGISTRY.values())
 
 
-# ---- the shipped methods ------------------------------------------------------------------------
-def _root(target: Target, gen: GenerationConfig) -> Drafter:
-    return RootDrafter()
-
-
-def _ngram(gen: GenerationConfig, quant: str, min_ngram: int = 1) -> NgramDrafter:
-    """Prompt lookup: its chain grows with the matched suffix (PLD_DRAFT), or ``num_draft`` tokens."""
-    spec = gen.spec
-    max_ngram = max(spec.max_ngram, min_ngram)
-    if spec.num_draft is not None:  # a fixed chain length
-        return NgramDrafter(max_ngram, spec.num_draft, spec.ngram_branches, min_ngram)
-    per_match, most = PLD_DRAFT[quant]
-    return NgramDrafter(max_ngram, most, spec.ngram_branches, min_ngram, per_match=per_match)
-
-
-def _pld(target: Target, gen: GenerationConfig) -> Drafter:
-    return TreeDrafter([], _ngram(gen, target.quant))
-
-
-def _specinfer(target: Target, gen: GenerationConfig) -> Drafter:
-    models = [ModelDrafter(m, gen.spec.expansion, gen.sampling) for m in target.drafts]
-    return TreeDrafter(models, _ngram(gen, target.quant) if gen.spec.with_ngram else None)
-
-
-def _heads(target: Target, gen: GenerationConfig) -> Drafter:
-    """Medusa heads propose rank paths; ProPD's policy sizes the tree (static for Medusa)."""
-    spec, heads = gen.spec, target.heads
-    prior = heads.rank_accuracy or rank_prior(len(heads.medusa.blocks))
-    static = (
-        None
-        if spec.dynamic and not spec.deterministic
-        else (spec.tree_nodes if spec.tree_nodes is not None else heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
-    )
-    lower = heads.early_layer / target.model.config.num_layers if spec.prune else None
-    recalls = heads.meta.get("early_topk_recall") or [EARLY_RECALL_PRIOR]
-    recall = recalls[min(spec.prune_topk, len(recalls)) - 1]
-    # The policy's statistics (rank acceptance, early-head recall, latency) describe this model
-    # on this machine, not one request: they carry over from call to call, so only the first
-    # request pays for probing tree sizes.
-    step_scores = spec.step_scores and static is None
-    if spec.deterministic:  # this call's statistics only: the tree depends on the seed's draws alone
-        policy = TreePolicy(prior, static, lower_share=lower, recall=recall, curve=target.cost)
-    else:
-        key = (id(heads), static, lower, spec.prune_topk, step_scores)
-        if key not in target.policies:
-            target.policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall, curve=target.cost)
-        policy = target.policies[key]
-    return HeadDrafter(heads, target.model.lm_head, policy, max_rank=len(prior[0]), step_scores=step_scores)
-
-
-def _eagle(target: Target, gen: GenerationConfig) -> Drafter:
-    """EAGLE-2: the draft head's dynamic tree; its size fixed, or ProPD's cost model's (per target,
-    like ProPD's policy: it describes this model on this machine)."""
-    spec = gen.spec
-    cost = None
-    if spec.dynamic and not spec.deterministic:  # deterministic: the fixed size, so a seed fixes the text
-        key = ("eagle", id(target.eagle))
-        cost = target.policies.setdefault(key, EagleCostModel(curve=target.cost))
-    nodes = spec.tree_nodes if spec.tree_nodes is not None else EAGLE_TREE_NODES
-    lookup = _ngram(gen, target.quant, EAGLE_LOOKUP_MIN_NGRAM) if spec.with_ngram else None
-    return EagleDrafter(
-        target.eagle,
-        target.model.embed,
-        target.model.lm_head,
-        gen.sampling,
-        spec.eagle_topk,
-        spec.eagle_depth,
-        nodes,
-        cost,
-        lookup,
-    )
-
-
-def _auto(target: Target, gen: GenerationConfig) -> Drafter:
-    """Every loaded lossless drafter as an option of ``policy.auto``'s choice, each at its fixed
-    size (auto cuts it); the statistics describe this model on this machine, so they are kept
-    across calls (``deterministic``: this call's alone, and no timings)."""
-    if target.model.backend != "torch":  # llama.cpp's runtime verifies no trees: `ar`
-        return AutoDrafter({}, {}, None, AutoStats(frozen=True), gen.sampling)
-    fixed = replace(gen, spec=replace(gen.spec, dynamic=False, prune=False, with_ngram=False))
-    arms: dict[str, Drafter] = {}
-    sizes: dict[str, int] = {}
-    if target.eagle is not None:
-        arms["eagle"], sizes["eagle"] = _eagle(target, fixed), gen.spec.tree_nodes or EAGLE_TREE_NODES
-    if target.heads is not None:
-        arms["medusa"] = _heads(target, fixed)
-        sizes["medusa"] = gen.spec.tree_nodes or target.heads.meta.get("tree_nodes", DEFAULT_TREE_NODES)
-    if target.drafts:
-        arms["specinfer"] = _specinfer(target, fixed)
-        sizes["specinfer"] = arms["specinfer"].max_nodes
-    per_match, most = PLD_DRAFT["none"]  # the longest chains: auto verifies what pays of them
-    lookup = NgramDrafter(gen.spec.max_ngram, most, 1, per_match=per_match)
-    if gen.spec.deterministic:
-        stats = AutoStats(target.cost, frozen=True)
-    else:
-        stats = target.policies.setdefault(("auto",), AutoStats(target.cost))
-    return AutoDrafter(arms, sizes, lookup, stats, gen.sampling)
-
-
-def _aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:
-    from paradec.parallel.generate import generate_aspd
-
-    return generate_aspd(engine, prompts, gen)
-
-
-def _aspd_stream(engine, prompt: list[int], gen: GenerationConfig):
-    from paradec.parallel.generate import stream_aspd
-
-    return stream_aspd(engine, prompt, gen)
-
-
 PROPD = {"prune": True, "dynamic": True}
 BOTH = ("torch", "llamacpp")
 for _m in (
@@ -318,14 +176,14 @@ for _m in (
     Method(
         "ar",
         "autoregressive: one target pass per token (the reference)",
-        drafter=_root,
+        drafter=factories.root,
         backends=BOTH,
         acceptors=("mss", "naive"),
     ),
     Method(
         "auto",
         "each step and row, the loaded drafter (or none) with the most expected tokens per second on this CPU",
-        drafter=_auto,
+        drafter=factories.auto,
         uses=("drafts", "heads", "eagle"),
         backends=BOTH,
         acceptors=("mss", "naive"),
@@ -334,31 +192,35 @@ for _m in (
     Method(
         "specinfer",
         "SpecInfer: SSM token trees (expansion), merged, verified in one pass",
-        drafter=_specinfer,
+        drafter=factories.specinfer,
         needs=("drafts",),
     ),
     Method(
         "specinfer+ngram",
         "SpecInfer with prompt lookup merged into the SSM tree",
-        drafter=_specinfer,
+        drafter=factories.specinfer,
         needs=("drafts",),
         options={"with_ngram": True},
     ),
-    Method("pld", "prompt lookup: continuations of the longest suffix match in the context", drafter=_pld),
+    Method("pld", "prompt lookup: continuations of the longest suffix match in the context", drafter=factories.pld),
     Method(
         "medusa",
         "Medusa heads, a static rank-path tree of the size the heads were tuned for",
-        drafter=_heads,
+        drafter=factories.heads,
         needs=("heads",),
     ),
     # Medusa's reference sparse tree size (mc_sim_7b_63: 63 nodes + root), the baseline ProPD reports
     Method(
-        "medusa-63", "Medusa heads, a static 63-node tree", drafter=_heads, needs=("heads",), options={"tree_nodes": 63}
+        "medusa-63",
+        "Medusa heads, a static 63-node tree",
+        drafter=factories.heads,
+        needs=("heads",),
+        options={"tree_nodes": 63},
     ),
     Method(
         "propd",
         "ProPD: Medusa heads, early pruning in the pass, tree size from the online cost model",
-        drafter=_heads,
+        drafter=factories.heads,
         needs=("heads", "early_head"),
         options=PROPD,
     ),
@@ -366,41 +228,41 @@ for _m in (
     Method(
         "medusa+prune",
         "ProPD ablation: static tree + early pruning",
-        drafter=_heads,
+        drafter=factories.heads,
         needs=("heads", "early_head"),
         options={**PROPD, "dynamic": False},
     ),
     Method(
         "medusa+dynamic",
         "ProPD ablation: dynamic tree size, no pruning",
-        drafter=_heads,
+        drafter=factories.heads,
         needs=("heads",),
         options={**PROPD, "prune": False},
     ),
     Method(
         "propd+step",
         "ProPD, nodes scored by this step's calibrated head probabilities",
-        drafter=_heads,
+        drafter=factories.heads,
         needs=("heads", "early_head"),
         options={**PROPD, "step_scores": True},
     ),
     Method(
         "eagle",
         "EAGLE-2: a feature-level draft head grows a dynamic tree; the top-m by draft confidence are verified",
-        drafter=_eagle,
+        drafter=factories.eagle,
         needs=("eagle",),
     ),
     Method(
         "eagle+propd",
         "EAGLE-2's dynamic tree, its size chosen each step by ProPD's online cost model",
-        drafter=_eagle,
+        drafter=factories.eagle,
         needs=("eagle",),
         options={"dynamic": True},
     ),
     Method(
         "eagle+ngram",
         "EAGLE-2, or prompt lookup's chain on a suffix match of 2+ tokens (no head passes)",
-        drafter=_eagle,
+        drafter=factories.eagle,
         needs=("eagle",),
         options={"with_ngram": True},
     ),
@@ -408,8 +270,8 @@ for _m in (
     Method(
         "aspd",
         "ASPD: hybrid serial/parallel decoding of an ASPD model's branches",
-        decode=_aspd,
-        stream=_aspd_stream,
+        decode=factories.aspd,
+        stream=factories.aspd_stream,
         needs=("aspd_model",),
         acceptors=(),
         lossless=False,
@@ -417,8 +279,8 @@ for _m in (
     Method(
         "aspd-r0",
         "ASPD, a title that repeats the plan ends it (no retries)",
-        decode=_aspd,
-        stream=_aspd_stream,
+        decode=factories.aspd,
+        stream=factories.aspd_stream,
         needs=("aspd_model",),
         acceptors=(),
         lossless=False,
@@ -428,8 +290,8 @@ for _m in (
     Method(
         "aspd+spec",
         "ASPD with prompt-lookup drafts inside every branch, all verified in one pass",
-        decode=_aspd,
-        stream=_aspd_stream,
+        decode=factories.aspd,
+        stream=factories.aspd_stream,
         needs=("aspd_model",),
         acceptors=(),
         lossless=False,

@@ -232,7 +232,9 @@ class Scheduler:
             source = ver.proposals[b].source
             if source:
                 row.stats.drafters[source] = row.stats.drafters.get(source, 0) + 1
-            yield g, StepEvent(i, committed)
+            accepted = min(len(verdict.nodes) - 1, len(committed))
+            depth = max(ver.proposals[b].tree.depths)
+            yield g, StepEvent(i, committed, accepted, drafted[b] - 1, depth, source or g.gen.method, row.stats.steps)
             if row.done:  # by EOS or its budget, or by its consumer (a stop string)
                 row.stats.wall_s = time.perf_counter() - g.start
 

@@ -104,6 +104,11 @@ class Row:
 class StepEvent:
     row: int
     token_ids: list[int]  # tokens committed this step for this row
+    accepted: int = 0  # how many of them were draft tokens (the rest: the target's bonus token)
+    drafted: int = 0  # draft nodes proposed for this row past the root (0: a plain `ar` step)
+    depth: int = 0  # the verified tree's depth
+    drafter: str = ""  # which drafter proposed them (auto: the one it chose; else the method)
+    step: int = 0  # the row's target passes so far, this one included
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +24,38 @@ def _session_paradec_home(tmp_path_factory):
     test's subject does not depend on whether llama-cpp-python is installed."""
     os.environ["PARADEC_HOME"] = str(tmp_path_factory.mktemp("paradec_home"))
     os.environ["PARADEC_BACKEND"] = "torch"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> SimpleNamespace:
+    """``paradec ARGS`` in this process: its exit status, stdout and stderr (warnings printed there,
+    as an interpreter of its own prints them). No interpreter start-up and torch import: ~4 s a
+    call. Tests of the entry point itself (--json, streaming, a broken pipe) run a subprocess."""
+    from paradec.cli import main
+
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            warnings.catch_warnings(record=True) as w,
+        ):
+            warnings.simplefilter("default")
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's errors
+                code = exc.code
+        for m in w:
+            err.write(warnings.formatwarning(m.message, m.category, m.filename, m.lineno))
+    finally:
+        torch.set_num_threads(threads)  # --threads sets it for the process
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 # family, kwargs: MHA untied, GQA tied, Qwen2 (qkv bias) with GQA, Mistral with GQA, llama3 RoPE scaling

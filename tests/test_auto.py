@@ -29,10 +29,11 @@ def engine(llama_dir, drafters, tmp_path_factory):
     return engine
 
 
-def test_greedy_is_ar_and_it_says_which_drafters_ran(engine):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_greedy_is_ar_and_it_says_which_drafters_ran(engine, deterministic):
     prompts = PROMPTS + REPEATS
     ar = [g.token_ids for g in engine.generate(prompts, max_new_tokens=N_NEW, ignore_eos=True)]
-    out = engine.generate(prompts, method="auto", max_new_tokens=N_NEW, ignore_eos=True)
+    out = engine.generate(prompts, method="auto", max_new_tokens=N_NEW, ignore_eos=True, deterministic=deterministic)
     assert [g.token_ids for g in out] == ar
     ran = {}
     for g in out:
@@ -40,9 +41,9 @@ def test_greedy_is_ar_and_it_says_which_drafters_ran(engine):
         assert g.stats.as_dict()["drafters"] == g.stats.drafters
         for name, n in g.stats.drafters.items():
             ran[name] = ran.get(name, 0) + n
-    # every passes costs the same (flat curve): drafting pays, and every loaded drafter was tried
-    assert {"pld", "eagle", "medusa", "specinfer"} <= set(ran)
-    assert sum(g.stats.new_tokens for g in out) > sum(g.stats.steps for g in out)
+    if deterministic:  # no timings (measured ones would make the choice this CPU's): the tokens decide
+        assert {"pld", "eagle", "medusa", "specinfer"} <= set(ran)  # every loaded drafter is tried ...
+        assert sum(g.stats.new_tokens for g in out) > sum(g.stats.steps for g in out)  # ... and some pay
 
 
 def test_one_row_alone_and_a_fresh_engine_statistics_keep_ar(engine):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import torch
+from conftest import run_cli
 
 from paradec.bench.harness import bench_methods, method_needs
 from paradec.bench.prompts import load_prompts
@@ -37,37 +36,29 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
         )
     )
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "paradec",
-            "bench",
-            "--model",
-            str(llama_dir),
-            "--draft",
-            str(draft),
-            "--heads",
-            str(tmp_path / "heads"),
-            "--eagle",
-            str(tmp_path / "eagle"),
-            "--methods",
-            ",".join(methods),
-            "--prompts",
-            str(prompts),
-            "--max-new-tokens",
-            "16",
-            "--dtype",
-            "fp32",
-            "--out",
-            str(out),
-            # fixed trees, no draft budget: what is verified must not depend on this CPU's speed
-            "--tree-nodes",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_cli(
+        "bench",
+        "--model",
+        str(llama_dir),
+        "--draft",
+        str(draft),
+        "--heads",
+        str(tmp_path / "heads"),
+        "--eagle",
+        str(tmp_path / "eagle"),
+        "--methods",
+        ",".join(methods),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "16",
+        "--dtype",
+        "fp32",
+        "--out",
+        str(out),
+        # fixed trees, no draft budget: what is verified must not depend on this CPU's speed
+        "--tree-nodes",
+        "4",
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "results.json").read_text())
@@ -112,9 +103,6 @@ def test_bench_tree_nodes_sets_fixed_trees_only(tmp_path, llama_dir):
     prompts = tmp_path / "p.txt"
     prompts.write_text("def add(a, b):\n\nThe quick brown fox\n")
     base = [
-        sys.executable,
-        "-m",
-        "paradec",
         "bench",
         "--model",
         str(llama_dir),
@@ -129,23 +117,15 @@ def test_bench_tree_nodes_sets_fixed_trees_only(tmp_path, llama_dir):
         "--dtype",
         "fp32",
     ]
-    proc = subprocess.run(
-        base + ["--methods", "ar,medusa,eagle,eagle+propd", "--tree-nodes", "3", "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_cli(
+        *(base + ["--methods", "ar,medusa,eagle,eagle+propd", "--tree-nodes", "3", "--out", str(tmp_path / "out")])[3:]
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "out" / "results.json").read_text())
     nodes = {r["method"]: r["nodes_per_step"] for r in result["summary"] if r["category"] == "all"}
     assert nodes["eagle"] == 4 and 1 < nodes["medusa"] <= 4  # 3 drafted nodes + the root (heads' own size: 8)
     assert result["config"]["tree_nodes"] == 3
-    bad = subprocess.run(
-        base + ["--methods", "medusa", "--tree-nodes", "0", "--out", str(tmp_path / "bad")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    bad = run_cli(*base, "--methods", "medusa", "--tree-nodes", "0", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "tree" in bad.stderr
     assert not (tmp_path / "bad").exists()
 
@@ -158,9 +138,6 @@ def test_bench_resumes_after_the_last_finished_group(tmp_path, llama_dir):
     prompts.write_text("def add(a, b):\n\nThe quick brown fox\n\nclass Stack:\n")
     out = tmp_path / "out"
     cmd = [
-        sys.executable,
-        "-m",
-        "paradec",
         "bench",
         "--model",
         str(llama_dir),
@@ -175,12 +152,12 @@ def test_bench_resumes_after_the_last_finished_group(tmp_path, llama_dir):
         "--out",
         str(out),
     ]
-    assert subprocess.run(cmd, capture_output=True, text=True, timeout=300).returncode == 0
+    assert run_cli(*cmd).returncode == 0
     full = json.loads((out / "results.json").read_text())
     assert not (out / "partial.json").exists() and len(full["records"]) == 6
     first = [dict(r, wall_s=999.0) for r in full["records"] if r["prompt_id"] == full["records"][0]["prompt_id"]]
     (out / "partial.json").write_text(json.dumps({"config": full["config"], "groups_done": 1, "records": first}))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = run_cli(*cmd)
     assert proc.returncode == 0, proc.stderr
     resumed = json.loads((out / "results.json").read_text())
     assert [r["prompt_id"] for r in resumed["records"]] == [r["prompt_id"] for r in full["records"]]
@@ -188,7 +165,7 @@ def test_bench_resumes_after_the_last_finished_group(tmp_path, llama_dir):
     assert all(r["identical_to_ar"] for r in resumed["records"]) and not (out / "partial.json").exists()
     other = json.dumps({"config": {**full["config"], "max_new_tokens": 9}, "groups_done": 1, "records": first})
     (out / "partial.json").write_text(other)
-    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    bad = run_cli(*cmd)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "partial.json" in bad.stderr
     assert (out / "partial.json").read_text() == other
 
@@ -203,24 +180,16 @@ def test_prompt_formats(tmp_path):
 
 
 def test_bench_bad_input_exit_2(tmp_path, llama_dir):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "paradec",
-            "bench",
-            "--model",
-            str(llama_dir),
-            "--methods",
-            "ar,warp",
-            "--prompts",
-            str(tmp_path / "none.txt"),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = run_cli(
+        "bench",
+        "--model",
+        str(llama_dir),
+        "--methods",
+        "ar,warp",
+        "--prompts",
+        str(tmp_path / "none.txt"),
+        "--out",
+        str(tmp_path / "o"),
     )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
@@ -244,28 +213,20 @@ def test_bench_quant_suffix_and_llamacpp_peer(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("def add(a, b):\n\nimport os\n")
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "paradec",
-            "bench",
-            "--model",
-            str(model),
-            "--methods",
-            ",".join(methods),
-            "--prompts",
-            str(prompts),
-            "--max-new-tokens",
-            "12",
-            "--dtype",
-            "fp32",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_cli(
+        "bench",
+        "--model",
+        str(model),
+        "--methods",
+        ",".join(methods),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "12",
+        "--dtype",
+        "fp32",
+        "--out",
+        str(out),
     )
     assert proc.returncode == 0, proc.stderr
     records = json.loads((out / "results.json").read_text())["records"]

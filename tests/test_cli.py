@@ -9,9 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
+    """The installed entry point, in an interpreter of its own."""
     return subprocess.run([sys.executable, "-m", "paradec", *args], capture_output=True, text=True, timeout=300)
 
 
@@ -157,7 +159,7 @@ def test_bad_input_is_one_line_exit_2(broken_dirs, llama_dir, case, extra, needl
             else a
             for a in extra
         ]
-    out = run("generate", "--model", str(broken_dirs.get(case, llama_dir)), *extra, prompt)
+    out = run_cli("generate", "--model", str(broken_dirs.get(case, llama_dir)), *extra, prompt)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr, out.stderr
@@ -168,7 +170,7 @@ def test_bench_out_under_a_file_fails_before_the_run(tmp_path, llama_dir):
     blocker.write_text("x")
     prompts = tmp_path / "p.txt"
     prompts.write_text("def f(x):\n")
-    out = run(
+    out = run_cli(
         "bench",
         "--model",
         str(llama_dir),
@@ -228,7 +230,7 @@ def test_aspd_extract_bad_input(tmp_path, content, needle):
     inp.write_bytes(content)
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
-    out = run(
+    out = run_cli(
         "aspd",
         "extract",
         str(inp),
@@ -263,7 +265,7 @@ def test_bad_flags_fail_before_any_model_is_loaded(tmp_path, llama_dir, args, ne
     args = [{"FILE": str(blocker), "MODEL": str(llama_dir), "OUT": str(tmp_path / "out")}.get(a, a) for a in args]
     if args[0] == "generate":
         args[1:1] = ["--model", str(llama_dir)]
-    out = run(*args)
+    out = run_cli(*args)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr, out.stderr

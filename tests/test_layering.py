@@ -15,7 +15,7 @@ LAYERS = [
     {"sampling", "tokenizer", "text", "state", "kv", "tree"},  # pure functions and typed state
     {"models", "cpu", "policy"},  # the runtime; what a pass costs on this CPU; ProPD's cost model
     {"draft", "verify", "parallel"},  # proposing, accepting, ASPD's decoder
-    {"methods"},  # the method registry: drafter factories and what each method needs
+    {"factories", "methods"},  # the shipped drafter factories; the registry: what each method needs
     {"scheduler"},  # the loop: groups of rows on one KV cache
     {"engine"},  # loading, generate/stream
     {"train", "testing"},  # recipes and test fixtures use the engine as users do

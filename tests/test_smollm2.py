@@ -88,7 +88,7 @@ METHODS = [
     {"method": "specinfer", "with_ngram": True},
     {"method": "medusa"},
     {"method": "propd"},
-    {"method": "propd", "prune": False},
+    {"method": "auto"},
 ]
 
 

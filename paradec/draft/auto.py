@@ -17,10 +17,12 @@ import time
 import torch
 
 from paradec.config import SamplingConfig
+from paradec.draft import Drafter
 from paradec.draft.base import DrafterHooks
 from paradec.draft.ngram import NgramDrafter
 from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose
 from paradec.tree.proposal import Proposal, merge
+from paradec.tree.tree import TokenTree
 
 
 class AutoDrafter(DrafterHooks):
@@ -30,7 +32,7 @@ class AutoDrafter(DrafterHooks):
 
     def __init__(
         self,
-        arms: dict,
+        arms: dict[str, Drafter],
         sizes: dict[str, int],
         lookup: NgramDrafter | None,
         stats: AutoStats,
@@ -104,8 +106,8 @@ class AutoDrafter(DrafterHooks):
         self.stats.observe_pass(batch * verified, max(seconds - self.draft_s, 1e-6))
 
 
-def _path(tree, accepted: list[int]) -> list[int]:
-    """The nodes of ``tree`` (a TokenTree) that the ``accepted`` tokens walked, root excluded."""
+def _path(tree: TokenTree, accepted: list[int]) -> list[int]:
+    """The nodes of ``tree`` that the ``accepted`` tokens walked, root excluded."""
     kids = {(p, t): n for n, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if n}
     nodes, node = [], 0
     for tok in accepted:

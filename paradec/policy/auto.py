@@ -17,9 +17,10 @@ For a row in a pass of ``batch`` rows, drafter a with its tree cut to w nodes (r
 - d_a: what drafter a's proposal costs a step, measured (prompt lookup: ~0; EAGLE: its head's
   passes; an SSM: its passes), starting at 0 so that every drafter is tried.
 
-`ar` is w = 1: value 1 / T(batch) / batch. A row whose choice has been `ar` for EXPLORE_EVERY steps
-tries its next-best drafter once, so statistics that have drifted are seen again. Every input is
-known before the step's draws, so the output stays the target's: token for token in greedy mode,
+`ar` is w = 1: value 1 / T(batch) / batch. A drafter's statistics forget with its own observations
+only, so one tried rarely keeps what was measured of it; a row whose choice has been `ar` for
+EXPLORE_EVERY steps tries its next-best drafter once, so statistics that have drifted are seen again.
+Every input is known before the step's draws, so the output stays the target's: token for token in greedy mode,
 in distribution when sampling.
 """
 
@@ -31,7 +32,7 @@ from paradec.cpu import PassCost
 from paradec.policy.budget import Acceptance
 from paradec.policy.dynamic import CurveLatency, LatencyModel
 
-EXPLORE_EVERY = 16  # steps of `ar` in a row after which a row tries its next-best drafter once
+EXPLORE_EVERY = 48  # steps of `ar` in a row after which a row tries its next-best drafter once
 ROW_WEIGHT = 4.0  # the engine's rate counts as this many of the row's own observations
 ROW_DECAY = 0.9  # a row's own statistics forget fast: the text changes within an answer
 
@@ -61,7 +62,7 @@ class AutoStats:
 
     curve: PassCost | None = None
     frozen: bool = False  # deterministic: no timings (the choice follows the tokens alone)
-    accept: Acceptance = field(default_factory=Acceptance)
+    accept: Acceptance = field(default_factory=lambda: Acceptance(per_key=True))
     draft_s: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per step (recent average)
 
     def __post_init__(self) -> None:
@@ -86,7 +87,7 @@ class RowStats:
 
     def __init__(self, shared: Acceptance) -> None:
         self.shared = shared
-        self.own = Acceptance(ROW_DECAY)
+        self.own = Acceptance(ROW_DECAY, per_key=True)
         self.plain = 0  # steps in a row that chose `ar`
 
     def rate(self, key: tuple, node: int) -> float:

@@ -49,8 +49,11 @@ class Acceptance:
     prior of PRIOR_ACCEPT ** n worth PRIOR_WEIGHT observations. Nodes count parents first, so
     a tree cut to its first w nodes expects 1 + sum_{0 < n < w} rate(n) committed tokens."""
 
-    def __init__(self, decay: float = 0.995) -> None:
+    def __init__(self, decay: float = 0.995, per_key: bool = False) -> None:
         self.decay = decay
+        # forget with every observation (a budget: what the batch drafts now), or with every
+        # observation of the same key (auto: a drafter tried rarely keeps what was measured of it)
+        self.per_key = per_key
         self.hits: dict[tuple, float] = defaultdict(float)  # (key, node) -> on the accepted path
         self.trials: dict[tuple, float] = defaultdict(float)  # (key, node) -> verified
 
@@ -65,8 +68,9 @@ class Acceptance:
     def observe(self, key: tuple, offered: int, accepted: list[int]) -> None:
         """Nodes 1..``offered`` of a ``key`` tree were verified; ``accepted`` (indices) were on the path."""
         for k in self.hits:
-            self.hits[k] *= self.decay
-            self.trials[k] *= self.decay
+            if not self.per_key or k[0] == key:
+                self.hits[k] *= self.decay
+                self.trials[k] *= self.decay
         on_path = set(accepted)
         for n in range(1, offered + 1):
             self.trials[(key, n)] += 1.0

@@ -71,6 +71,9 @@ def run(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, **op
             raise ParadecError(f"cannot serve on {host}:{port} (is the port in use?); pass another --port")
         time.sleep(0.05)
 
+    shown = f"[{host}]" if ":" in host else host
+    print(f"paradec: serving {model_name} on http://{shown}:{port} (chat page: http://{shown}:{port}/)", flush=True)
+
     def stop(*_) -> None:
         worker.request_stop()
         server.should_exit = True

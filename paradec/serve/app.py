@@ -21,6 +21,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from importlib.resources import files
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -57,6 +58,9 @@ class _Request(BaseModel):
     # paradec: trees sized from this request's own statistics, not the server's measured ones, so a
     # seed fixes sampled text (default: on for a seeded sampled request)
     deterministic: StrictBool | None = None
+    # paradec: each streamed chunk carries one token and ``paradec``: how it was committed (step,
+    # kind draft / bonus / plain, drafter, accepted, drafted, depth); the chat page draws it
+    trace: StrictBool = False
 
 
 class CompletionRequest(_Request):
@@ -126,7 +130,7 @@ class _Reply:
             "usage": self.usage(),
         }
 
-    def _chunk(self, choices: list, usage: dict | None) -> str:
+    def _chunk(self, choices: list, usage: dict | None, trace: dict | None = None) -> str:
         body = {
             "id": self.id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -136,16 +140,18 @@ class _Reply:
         }
         if self.include_usage:
             body["usage"] = usage
+        if trace is not None:  # asked for (``trace``): standard clients never see it
+            body["paradec"] = trace
         return f"data: {json.dumps(body)}\n\n"
 
-    def event(self, delta: str | None, reason: str | None, role: bool = False) -> str:
+    def event(self, delta: str | None, reason: str | None, role: bool = False, trace: dict | None = None) -> str:
         """A stream chunk: a text piece, the final finish_reason, or (chat) the assistant role first."""
         if self.chat:
             d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
             choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
         else:
             choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
-        return self._chunk([choice], None)
+        return self._chunk([choice], None, trace)
 
     def usage_event(self) -> str:
         """The last chunk when the client asked for usage (``stream_options.include_usage``)."""
@@ -191,7 +197,7 @@ class _Api:
         except ParadecError as exc:
             raise ApiError(400, str(exc)) from None
         loop, out = asyncio.get_running_loop(), asyncio.Queue()
-        job = Job(ids, gen, lambda piece, j: loop.call_soon_threadsafe(out.put_nowait, piece))
+        job = Job(ids, gen, lambda piece, j: loop.call_soon_threadsafe(out.put_nowait, piece), trace=req.trace)
         try:
             self.worker.submit(job)
         except QueueFull:
@@ -221,7 +227,7 @@ class _Api:
                         continue
                     if (piece := get.result()) is None:
                         break
-                    pieces.append(piece)
+                    pieces.append(piece if isinstance(piece, str) else piece[0])
                     get = asyncio.ensure_future(out.get())
             finally:  # done, gone, or a handler cancelled mid-way: the row is freed at the next step
                 get.cancel()
@@ -238,7 +244,9 @@ class _Api:
             if reply.chat:
                 yield reply.event(None, None, role=True)
             while (piece := await out.get()) is not None:
-                yield reply.event(piece, None)
+                yield (
+                    reply.event(piece, None) if isinstance(piece, str) else reply.event(piece[0], None, trace=piece[1])
+                )
             if job.error is not None:
                 yield f"data: {json.dumps({'error': {'message': job.error, 'type': 'server_error'}})}\n\n"
             else:
@@ -276,6 +284,21 @@ def create_app(
     async def metrics():
         return Response(worker.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.get("/")
+    async def page():
+        return _static("index.html", "text/html; charset=utf-8")
+
+    @app.get("/static/{name}")
+    async def asset(name: str):
+        kinds = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+        if name not in kinds:
+            raise ApiError(404, f"GET /static/{name}: no such file", kind="not_found_error")
+        return _static(name, kinds[name])
+
+    @app.get("/paradec/info")
+    async def info():  # what the chat page offers: the served methods, the default one
+        return {"model": model_name, "methods": api.served, "default_method": default_method}
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "paradec"}]}
@@ -292,6 +315,17 @@ def create_app(
         return await api.respond(req, job, out, True, request)
 
     return app
+
+
+# the page's own files only: no inline script, nothing from elsewhere, model text never run as code
+PAGE_CSP = "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:"
+
+
+def _static(name: str, kind: str) -> Response:
+    """A file of the chat page (``paradec/serve/static``: no build step, nothing from a CDN)."""
+    body = (files("paradec") / "serve" / "static" / name).read_bytes()
+    headers = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff", "Content-Security-Policy": PAGE_CSP}
+    return Response(body, media_type=kind, headers=headers)
 
 
 def _add_error_handlers(app: FastAPI, worker: Worker) -> None:

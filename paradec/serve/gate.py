@@ -1,6 +1,7 @@
-"""The server's ASGI gate, in front of every route: the API key (every route but ``/health``,
-compared in constant time), the Host check of a server bound to the loopback (DNS rebinding),
-the body limit (read here, so a chunked body cannot pass it and a stalled one is a 408), and the
+"""The server's ASGI gate, in front of every route: the API key (every route but ``/health`` and
+the chat page's static files, which hold no data: the page asks for the key; compared in
+constant time), the Host check of a server bound to the loopback (DNS rebinding), the body limit
+(read here, so a chunked body cannot pass it and a stalled one is a 408), and the
 ``x-paradec-replica`` header. A refusal is an OpenAI-shaped JSON error."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from paradec.serve.worker import Worker
 BODY_TIMEOUT_S = 10.0  # a body that sends nothing for this long is a 408
 REPLICA = uuid.uuid4().hex[:12]  # the x-paradec-replica header: which process answered (no host name or PID)
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+# the chat page and its assets: served without the key (static text, no data; the page asks for the key)
+PAGE_FILES = frozenset({"/", "/static/app.js", "/static/style.css"})
 
 
 def error_response(
@@ -73,7 +76,7 @@ class Gate:
                     "connect to localhost or bind another --host",
                     "host",
                 )
-        if self.key is not None and path != "/health":
+        if self.key is not None and path != "/health" and path not in PAGE_FILES:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.key):
                 return error_response(
                     401, "missing or wrong API key; send Authorization: Bearer KEY", kind="authentication_error"

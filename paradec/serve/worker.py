@@ -43,7 +43,8 @@ class Job:
 
     ids: list[int]
     gen: GenerationConfig
-    emit: Callable[[str | None, Job], None]  # called from the worker thread: a text piece, or None at the end
+    # called from the worker thread: a text piece (with ``trace``: (text, trace dict)), or None at the end
+    emit: Callable[[str | tuple[str, dict] | None, Job], None]
     text: TextStream | None = None  # its tokens -> its text (the scheduler's methods)
     finish_reason: str = "length"
     completion_tokens: int = 0
@@ -52,6 +53,7 @@ class Job:
     cancelled: bool = False
     own: Generator | None = None  # a method with its own loop: its stream, one piece per pass
     stats: Stats | None = None  # what its decode cost (the shared loop's methods), once it has ended
+    trace: bool = False  # emit (text, how it was committed) per token instead of text per step (the chat page)
 
 
 class Worker:
@@ -202,11 +204,38 @@ class Worker:
 
     def _deliver(self, job: Job, event: StepEvent) -> None:
         row = job.group.rows[event.row]
+        if job.trace:
+            self._deliver_traced(job, event, row)
+            return
         if job.text.add(event.token_ids):
             row.finish("stop")
         piece = job.text.close() if row.done else job.text.piece()
         if piece:
             job.emit(piece, job)
+
+    @staticmethod
+    def _deliver_traced(job: Job, event: StepEvent, row) -> None:
+        """One (text, trace) piece per committed token: an accepted draft token ("draft"), the
+        target's own next token after a drafted step ("bonus"), or a plain `ar` step's ("plain").
+        A piece's text may be empty (held back: an unfinished character or a possible stop string)."""
+        last = len(event.token_ids) - 1
+        for k, tok in enumerate(event.token_ids):
+            stopped = job.text.add([tok])
+            if stopped:
+                row.finish("stop")
+            piece = job.text.close() if stopped or (row.done and k == last) else job.text.piece()
+            kind = "draft" if k < event.accepted else "bonus" if event.drafted else "plain"
+            trace = {
+                "step": event.step,
+                "kind": kind,
+                "drafter": event.drafter,
+                "accepted": event.accepted,
+                "drafted": event.drafted,
+                "depth": event.depth,
+            }
+            job.emit((piece, trace), job)
+            if stopped:
+                return
 
     def _reap(self) -> None:
         """Finished and cancelled jobs end (their rows leave at the next step)."""
