@@ -118,7 +118,7 @@ def test_bench_tree_nodes_sets_fixed_trees_only(tmp_path, llama_dir):
         "fp32",
     ]
     proc = run_cli(
-        *(base + ["--methods", "ar,medusa,eagle,eagle+propd", "--tree-nodes", "3", "--out", str(tmp_path / "out")])[3:]
+        *base, "--methods", "ar,medusa,eagle,eagle+propd", "--tree-nodes", "3", "--out", str(tmp_path / "out")
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "out" / "results.json").read_text())
