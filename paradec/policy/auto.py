@@ -61,7 +61,7 @@ class AutoStats:
     acceptance by drafter and context, the pass latency, each drafter's own cost per step."""
 
     curve: PassCost | None = None
-    frozen: bool = False  # deterministic: no timings (the choice follows the tokens alone)
+    frozen: bool = False  # deterministic: no timings, no curve, so the choice follows the tokens alone
     accept: Acceptance = field(default_factory=lambda: Acceptance(per_key=True))
     draft_s: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per step (recent average)
 
@@ -69,8 +69,8 @@ class AutoStats:
         self.latency = CurveLatency(self.curve) if self.curve is not None else LatencyModel()
 
     def pass_s(self, positions: int) -> float:
-        if self.frozen:
-            return self.curve.predict(positions) if self.curve is not None else 1.0
+        if self.frozen:  # no measurement of any kind (this CPU's curve neither): every width costs the same
+            return 1.0
         return self.latency.predict(positions)
 
     def observe_pass(self, positions: int, seconds: float) -> None:
