@@ -292,11 +292,8 @@ def load(
     if asked not in BACKENDS:
         raise ParadecError(f"unknown backend {asked!r}; use {', '.join(BACKENDS)}")
     source = Path(model_dir)
-    # drafters that the methods only *use* (auto) do not tie the model to torch: llama.cpp's `ar` may
-    # beat them all, and then they are not loaded
-    optional = bool(methods_used) and all(not methods.get(m).needs and methods.get(m).uses for m in methods_used)
-    asks = ([], None, None) if optional else (drafts, heads, eagle)
-    torch_only = _torch_only(*asks, dtype, quant, quant_head, device, exact, methods_used)
+    optional = _optional_drafters(methods_used)  # auto's: not loaded if llama.cpp runs the model
+    torch_only = _torch_only(drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used, optional)
     if asked == "llamacpp":
         _check_llamacpp(source, torch_only)
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
@@ -332,12 +329,21 @@ def _engine_on_torch(model_dir: Path, choice: FormatChoice, device, exact, quant
     return engine
 
 
-def _torch_only(drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used) -> list[str]:
-    """What was asked for that only paradec's torch runtime runs (llama.cpp runs `ar` alone)."""
+def _optional_drafters(methods_used: tuple[str, ...] | None) -> bool:
+    """Whether the drafters asked for are ones the methods only *use* (auto): they do not tie the
+    model to torch, since llama.cpp's `ar` may beat them all (then they are not loaded)."""
+    return bool(methods_used) and all(not methods.get(m).needs and methods.get(m).uses for m in methods_used)
+
+
+def _torch_only(
+    drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used, optional: bool = False
+) -> list[str]:
+    """What was asked for that only paradec's torch runtime runs (llama.cpp runs `ar` alone);
+    ``optional``: the drafters are ones the methods only use (auto), not needs."""
     asks = {
-        "drafts": bool(drafts),
-        "heads": heads is not None,
-        "eagle": eagle is not None,
+        "drafts": bool(drafts) and not optional,
+        "heads": heads is not None and not optional,
+        "eagle": eagle is not None and not optional,
         "dtype": dtype != "auto",
         "quant": quant != "auto" or quant_head is not None,
         "device": device != "cpu",

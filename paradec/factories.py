@@ -138,7 +138,7 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
         stats = AutoStats(target.cost, frozen=True)
     else:
         stats = target.policies.setdefault(("auto",), AutoStats(target.cost))
-    return AutoDrafter(arms, sizes, lookup, stats, gen.sampling)
+    return AutoDrafter(arms, sizes, lookup, stats, gen.sampling, lazy=frozenset({"specinfer"}))
 
 
 def aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:

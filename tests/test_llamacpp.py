@@ -82,6 +82,24 @@ def test_what_it_cannot_run_exactly_is_refused(engine, tmp_path):
         paradec.load(default_gguf(), backend="vulkan")
 
 
+def test_method_auto_runs_on_llamacpp_only_where_its_ar_step_is_over_2x_cheaper():
+    from paradec.engine import AUTO_MARGIN
+    from paradec.zoo import companions, zoo_eagle
+
+    drafts, heads = companions(default_gguf())
+    engine = paradec.load(
+        default_gguf(), backend="auto", methods_used=("auto",), drafts=drafts[:1], heads=heads,
+        eagle=zoo_eagle(default_gguf()), warmup=False,
+    )  # fmt: skip
+    torch_best = min(c.predict(1) for c in engine.format.profile.costs.values())
+    if engine.model.backend == "llamacpp":  # as `ar`, its drafters not loaded
+        assert engine.format.cost.predict(1) * AUTO_MARGIN < torch_best and not engine.drafts and engine.eagle is None
+    else:
+        assert engine.drafts and engine.eagle is not None
+    g = engine.generate("def add(a, b):", method="auto", max_new_tokens=12, ignore_eos=True)
+    assert g.token_ids == engine.generate("def add(a, b):", max_new_tokens=12, ignore_eos=True).token_ids
+
+
 def test_auto_takes_llamacpp_for_ar_only_where_it_is_cheaper():
     engine = paradec.load(default_gguf(), backend="auto", methods_used=("ar",), warmup=False)
     torch_best = min(c.predict(1) for c in engine.format.profile.costs.values())

@@ -58,6 +58,10 @@ def add_serve_parsers(sub) -> None:
     )
     sv.add_argument("--ray-address", default=None, help="with --replicas: join this Ray cluster (e.g. HEAD:6379)")
 
+    _add_bench_serve_parser(sub)
+
+
+def _add_bench_serve_parser(sub) -> None:
     bs = sub.add_parser("bench-serve", help="load-test an OpenAI-compatible server: throughput, TTFT, ITL")
     bs.add_argument("--url", default="http://127.0.0.1:8000", help="the server (paradec serve, vLLM, ...)")
     bs.add_argument(

@@ -37,8 +37,12 @@ class AutoDrafter(DrafterHooks):
         lookup: NgramDrafter | None,
         stats: AutoStats,
         sampling: SamplingConfig,
+        lazy: frozenset[str] = frozenset(),
     ) -> None:
         self.arms, self.sizes, self.lookup, self.stats = arms, sizes, lookup, stats
+        # arms started only when a row first chooses them (an SSM's set-up runs its LM head over
+        # the whole context: a cost every request paid at admission, chosen or not)
+        self.lazy, self.started, self.max_len = lazy, set(), 0
         self.greedy = sampling.greedy
         self.rows: list[RowStats] = []
         self.choices: list[Choice] = []  # per row: this step's choice
@@ -52,8 +56,9 @@ class AutoDrafter(DrafterHooks):
         return max([chain, *(arm.max_nodes for arm in self.arms.values())])
 
     def begin(self, prompts: list[list[int]], max_len: int, features: torch.Tensor | None = None) -> None:
-        for arm in self.arms.values():
-            arm.begin(prompts, max_len, features)
+        self.max_len, self.started = max_len, {name for name in self.arms if name not in self.lazy}
+        for name in self.started:
+            self.arms[name].begin(prompts, max_len, features)
         self.rows = [RowStats(self.stats.accept) for _ in prompts]
         self.batch = max(self.batch, len(prompts))
 
@@ -75,6 +80,11 @@ class AutoDrafter(DrafterHooks):
         drafted = {}
         for name, arm in self.arms.items():
             widths = [c.width for c in self.choices if c.drafter == name]
+            if name not in self.started:
+                if not widths:
+                    continue
+                arm.begin(sequences, self.max_len)  # the context so far, as if it were the prompt
+                self.started.add(name)
             arm.set_width(max(widths) if widths else 0)  # 0: no passes of its own this step
             t_arm = time.perf_counter()
             drafted[name] = arm.propose(sequences, generators)
@@ -95,8 +105,8 @@ class AutoDrafter(DrafterHooks):
         return self.trees
 
     def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None:
-        for arm in self.arms.values():
-            arm.commit(row, accepted, bonus, hidden)
+        for name in self.started:
+            self.arms[name].commit(row, accepted, bonus, hidden)
         c, tree = self.choices[row], self.trees[row].tree
         if c.drafter != "ar":
             self.rows[row].observe((c.drafter, c.context), len(tree) - 1, _path(tree, accepted))
