@@ -292,7 +292,7 @@ def load(
     if asked not in BACKENDS:
         raise ParadecError(f"unknown backend {asked!r}; use {', '.join(BACKENDS)}")
     source = Path(model_dir)
-    optional = _optional_drafters(methods_used)  # auto's: not loaded if llama.cpp runs the model
+    optional = methods.only_uses_drafters(methods_used)  # auto's: not loaded if llama.cpp runs the model
     torch_only = _torch_only(drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used, optional)
     if asked == "llamacpp":
         _check_llamacpp(source, torch_only)
@@ -327,12 +327,6 @@ def _engine_on_torch(model_dir: Path, choice: FormatChoice, device, exact, quant
     if eagle is not None:
         engine.load_eagle(eagle)
     return engine
-
-
-def _optional_drafters(methods_used: tuple[str, ...] | None) -> bool:
-    """Whether the drafters asked for are ones the methods only *use* (auto): they do not tie the
-    model to torch, since llama.cpp's `ar` may beat them all (then they are not loaded)."""
-    return bool(methods_used) and all(not methods.get(m).needs and methods.get(m).uses for m in methods_used)
 
 
 def _torch_only(

@@ -111,6 +111,12 @@ class Method:
             )
 
 
+def only_uses_drafters(used: tuple[str, ...] | None) -> bool:
+    """Whether the drafters asked for are ones ``used`` methods only *use* (auto), not need: they do
+    not tie the model to torch, since llama.cpp's `ar` may beat them all (then they are not loaded)."""
+    return bool(used) and all(not get(m).needs and get(m).uses for m in used)
+
+
 def generation_config(
     method: str = "ar",
     max_new_tokens: int = 128,
