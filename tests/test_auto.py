@@ -125,7 +125,21 @@ def test_a_big_batch_drafts_less():
     row = RowStats(stats.accept)
     alone = choose(stats, row, [Option("pld", 8, 2)], 1)
     crowded = choose(stats, row, [Option("pld", 8, 2)], 16)
-    assert alone.width == 9 and crowded.drafter == "ar"  # 16 rows x 2 positions are past the knee
+    # alone, the pass is flat: every node ever accepted is verified (deeper ones never were: rate ~0)
+    assert alone.width >= 7 and crowded.drafter == "ar"  # 16 rows x 2 positions are past the knee
+
+
+def test_a_chain_accepted_whole_looks_one_node_further():
+    """A node never verified is priced from its parent's rate: a prompt-lookup match whose 2 drafted
+    tokens are always accepted gets a 3rd verified (before: PRIOR_ACCEPT ** 3 kept it at 2 for good)."""
+    stats = AutoStats(PassCost("gentle", (1, 64), (0.01, 0.01 + 63 * 0.002)))
+    row = RowStats(stats.accept)
+    for _ in range(20):
+        row.observe(("pld", 4), 2, [1, 2])
+    assert choose(stats, row, [Option("pld", 8, 4)], 1).width == 4
+    for _ in range(20):  # ... and stops there once the 3rd is seen to fail
+        row.observe(("pld", 4), 3, [1, 2])
+    assert choose(stats, row, [Option("pld", 8, 4)], 1).width == 3
 
 
 def test_a_rows_own_text_moves_its_choice():

@@ -90,13 +90,16 @@ class RowStats:
         self.own = Acceptance(ROW_DECAY, per_key=True)
         self.plain = 0  # steps in a row that chose `ar`
 
-    def rate(self, key: tuple, node: int) -> float:
-        k = (key, node)
-        prior = self.shared.rate(key, node)
-        return (self.own.hits[k] + ROW_WEIGHT * prior) / (self.own.trials[k] + ROW_WEIGHT)
+    def rates(self, key: tuple, nodes: int) -> list[float]:
+        """[rate of node 1, ..., node ``nodes``]: the row's own counts over the engine's rates."""
+        own = self.own
+        return [
+            (own.hits.get((key, n), 0.0) + ROW_WEIGHT * prior) / (own.trials.get((key, n), 0.0) + ROW_WEIGHT)
+            for n, prior in enumerate(self.shared.rates(key, nodes), 1)
+        ]
 
     def expected(self, key: tuple, nodes: int) -> float:
-        return 1.0 + sum(self.rate(key, n) for n in range(1, nodes + 1))
+        return 1.0 + sum(self.rates(key, nodes))
 
     def observe(self, key: tuple, offered: int, accepted: list[int]) -> None:
         self.own.observe(key, offered, accepted)
@@ -112,8 +115,8 @@ def choose(stats: AutoStats, row: RowStats, options: list[Option], batch: int) -
         cost = 0.0 if stats.frozen else stats.draft_s.get(opt.drafter, 0.0)
         key = (opt.drafter, opt.context)
         gained = 0.0
-        for w in range(2, opt.size + 2):
-            gained += row.rate(key, w - 1)
+        for w, rate in enumerate(row.rates(key, opt.size), 2):
+            gained += rate
             value = (1.0 + gained) / (stats.pass_s(batch * w) / batch + cost)
             if value > best.value * (1 + 1e-9):
                 best = Choice(opt.drafter, w, opt.context, value)

@@ -33,7 +33,9 @@ from collections import defaultdict
 from paradec.cpu import PassCost
 from paradec.policy.dynamic import CurveLatency, LatencyModel
 
-PRIOR_ACCEPT = 0.6  # the prior chance that a chain's node d is accepted is PRIOR_ACCEPT ** d ...
+PRIOR_ACCEPT = (
+    0.6  # the prior chance that a chain's node d is accepted, given node d - 1's rate r: PRIOR_ACCEPT * r ...
+)
 PRIOR_WEIGHT = 2.0  # ... worth this many observations
 EXPLORE_EVERY = 16  # a budget that verifies nothing past the root tries 2 more nodes this often
 
@@ -46,7 +48,7 @@ def size_class(proposed: int) -> int:
 class Acceptance:
     """P(node n of a tree is on the accepted path | it was verified), per kind of tree (``key``:
     who drafted it and in which context), learned online with exponential forgetting from a
-    prior of PRIOR_ACCEPT ** n worth PRIOR_WEIGHT observations. Nodes count parents first, so
+    prior of PRIOR_ACCEPT times node n - 1's rate, worth PRIOR_WEIGHT observations. Nodes count parents first, so
     a tree cut to its first w nodes expects 1 + sum_{0 < n < w} rate(n) committed tokens."""
 
     def __init__(self, decay: float = 0.995, per_key: bool = False) -> None:
@@ -57,13 +59,25 @@ class Acceptance:
         self.hits: dict[tuple, float] = defaultdict(float)  # (key, node) -> on the accepted path
         self.trials: dict[tuple, float] = defaultdict(float)  # (key, node) -> verified
 
+    def rates(self, key: tuple, nodes: int) -> list[float]:
+        """[rate of node 1, ..., node ``nodes``]. Node n's prior is PRIOR_ACCEPT times node n - 1's
+        rate (for a chain: the chance it is accepted given its parent was), so a chain that is
+        accepted whole makes the next node look worth verifying before it ever was."""
+        out, parent = [], 1.0
+        for n in range(1, nodes + 1):
+            k = (key, n)
+            parent = (self.hits.get(k, 0.0) + PRIOR_ACCEPT * parent * PRIOR_WEIGHT) / (
+                self.trials.get(k, 0.0) + PRIOR_WEIGHT
+            )
+            out.append(parent)
+        return out
+
     def rate(self, key: tuple, node: int) -> float:
-        k = (key, node)
-        return (self.hits[k] + PRIOR_ACCEPT**node * PRIOR_WEIGHT) / (self.trials[k] + PRIOR_WEIGHT)
+        return self.rates(key, node)[-1] if node else 1.0
 
     def expected(self, key: tuple, nodes: int) -> float:
         """Committed tokens of a tree whose first ``nodes`` nodes past the root are verified."""
-        return 1.0 + sum(self.rate(key, n) for n in range(1, nodes + 1))
+        return 1.0 + sum(self.rates(key, nodes))
 
     def observe(self, key: tuple, offered: int, accepted: list[int]) -> None:
         """Nodes 1..``offered`` of a ``key`` tree were verified; ``accepted`` (indices) were on the path."""
@@ -95,16 +109,19 @@ class BatchBudget:
         """Committed tokens of a row whose tree of ``proposed`` nodes past the root is cut to ``width``."""
         return self.accept.expected((method, size_class(proposed)), min(proposed, width - 1))
 
-    def choose(self, trees: list[tuple[str, int]]) -> int:
-        """trees: per row, (method, nodes proposed past the root) -> the width W (nodes per row)."""
-        widest = 1 + max(p for _, p in trees)
+    def choose(self, trees: list[tuple[str, int]], priced: list[list[float]] = ()) -> int:
+        """trees: per row, (method, nodes proposed past the root); priced: per row whose drafter
+        priced its own tree, the committed tokens it expects at width 1, 2, ... (``Proposal.gains``)
+        -> the width W (nodes per row)."""
+        widest = max([1 + p for _, p in trees] + [len(g) for g in priced])
         if self.probe:
             w = self.probe.pop(0)
             return widest if w is None else min(w, widest)
-        batch = len(trees)
+        batch = len(trees) + len(priced)
         best, best_w = -1.0, 1
         for w in range(1, widest + 1):
-            value = sum(self.expected(m, p, w) for m, p in trees) / self.latency.predict(batch * w)
+            tokens = sum(self.expected(m, p, w) for m, p in trees) + sum(g[min(w, len(g)) - 1] for g in priced)
+            value = tokens / self.latency.predict(batch * w)
             if value > best * (1 + 1e-9):
                 best, best_w = value, w
         self.quiet = self.quiet + 1 if best_w == 1 else 0
