@@ -165,11 +165,13 @@ class Scheduler:
         with torch.inference_mode():
             proposals = self._propose()
             drafted = [len(p.tree) for p in proposals]
-            proposals, trees, width = self._cut(proposals, self.groups)
-            if trees is not None:  # the next proposals need reach no further than this width (+1), or nowhere
-                width = self.budget.next_width(trees, width)
-            for g in ready:
-                g.drafter.set_width(width if trees is not None and not g.gen.spec.dynamic else None)
+            proposals, trees, cut = self._cut(proposals, self.groups)
+            width = cut  # the next proposals need reach no further than this width (+1), or nowhere
+            if trees is not None:
+                width = self.budget.next_width(trees, cut)
+            for g in ready:  # a drafter that priced its trees learns how much of them was verified
+                priced = proposals[g.first].gains is not None
+                g.drafter.set_width(None if trees is None else cut if priced else None if g.gen.spec.dynamic else width)
             t_fwd = time.perf_counter()
             ver = self._verify(proposals, ready)
             if ver.logits.device.type == "cuda":
@@ -270,22 +272,29 @@ class Scheduler:
     # ---- the pieces of a step ---------------------------------------------------------------
     def _cut(self, proposals: list[Proposal], groups: list[Group]) -> tuple[list[Proposal], list | None, int]:
         """With a budget and every group greedy: each row's tree cut to the width the budget
-        chooses for the pass (groups whose drafter sizes its own trees keep them whole). ->
-        (proposals, the rows' (method, proposed nodes) or None when nothing was decided, the width)."""
+        chooses for the pass. Groups whose drafter sizes its own trees keep them whole, unless it
+        priced them (``Proposal.gains``, auto): a pass is as wide as its widest row, so what one row
+        drafts costs every row, and only the whole batch can say what pays; one priced row alone
+        keeps its own choice. -> (proposals, the rows' (method, proposed nodes) but the priced
+        ones, or None when nothing was decided; the width)."""
         widest = max(len(p.tree) for p in proposals)
         if self.budget is None or not all(g.gen.sampling.greedy for g in groups):
             return proposals, None, widest
         if widest == 1:  # nothing drafted: the drafters may look one node further again
             return proposals, [], 1
-        sized = [b for g in groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))]
-        if len(sized) == len(proposals):
+        own = {b for g in groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))}
+        priced = [b for b in sorted(own) if proposals[b].gains is not None]
+        sized = own - set(priced)
+        cuttable = len(proposals) - len(sized)
+        if cuttable == 0 or (cuttable == 1 and priced):
             return proposals, None, widest
         trees = [(g.gen.method, len(p.tree) - 1) for g in groups for p in proposals[g.first : g.first + len(g.rows)]]
-        cuttable = [t for b, t in enumerate(trees) if b not in sized]
-        width = max([self.budget.choose(cuttable)] + [len(proposals[b].tree) for b in sized])
+        plain = [t for b, t in enumerate(trees) if b not in own]
+        chosen = self.budget.choose(plain, [proposals[b].gains for b in priced])
+        width = max([chosen] + [len(proposals[b].tree) for b in sized])
         return (
             [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)],
-            trees,
+            [t for b, t in enumerate(trees) if b not in priced],
             width,
         )
 

@@ -24,10 +24,11 @@ class Fixed(BatchBudget):
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.width, self.asked = width, []
+        self.width, self.asked, self.priced = width, [], []
 
-    def choose(self, chains):
+    def choose(self, chains, priced=()):
         self.asked.append(chains)
+        self.priced.append(priced)
         return self.width
 
 
@@ -45,6 +46,27 @@ def test_cut_chains_keep_ar_output(engine, width):
     assert max(p for chains in asked for _, p in chains) > width - 1  # some chain was longer than the cut
     assert all(g.stats.verified <= g.stats.steps * width for g in cut)  # no pass verified more than width
     assert sum(g.stats.nodes for g in cut) > sum(g.stats.verified for g in cut)
+
+
+def test_auto_prices_its_rows_and_the_batch_cuts_them(engine):
+    """A pass is as wide as its widest row: auto hands the budget what each of its rows expects at
+    each width, the budget cuts the batch, and auto learns only from the nodes verified."""
+    ar = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)
+    engine.policies.pop(("auto",), None)
+    engine.budget = Fixed(2)
+    try:
+        out = engine.generate(PROMPTS, method="auto", max_new_tokens=40, ignore_eos=True)
+        trials = dict(engine.policies[("auto",)].accept.trials)  # (drafter, context), node -> times verified
+        solo = engine.generate(PROMPTS[0], method="auto", max_new_tokens=40, ignore_eos=True)
+        priced = [tables for tables in engine.budget.priced if tables]
+    finally:
+        engine.budget = BatchBudget(PassCost.flat())
+    assert [g.token_ids for g in out] == [g.token_ids for g in ar] and solo.token_ids == ar[0].token_ids
+    assert priced and all(len(tables) == len(PROMPTS) for tables in priced)  # never asked for one row alone
+    assert any(len(t) > 2 for tables in priced for t in tables)  # a row wanted more than the cut
+    assert all(t[0] == 1.0 and t == sorted(t) for tables in priced for t in tables)  # tokens expected by width
+    assert all(g.stats.verified <= g.stats.steps * 2 for g in out)
+    assert max(n for (_, n), v in trials.items() if v > 0) == 1  # cut to 2 nodes: node 1 alone was verified
 
 
 def test_the_budget_is_asked_at_batch_1_but_never_when_sampling(engine):

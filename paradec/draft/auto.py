@@ -100,6 +100,9 @@ class AutoDrafter(DrafterHooks):
                 prop = drafted[c.drafter][b]
                 prop = prop.cut(c.width) if self.greedy else prop
             prop.source = c.drafter
+            if self.greedy:  # the batch budget may cut it further: what each width is expected to commit
+                rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
+                prop.gains = [1.0 + sum(rates[:n]) for n in range(len(prop.tree))]
             self.trees.append(prop)
         self.draft_s = time.perf_counter() - t0
         return self.trees
@@ -108,8 +111,10 @@ class AutoDrafter(DrafterHooks):
         for name in self.started:
             self.arms[name].commit(row, accepted, bonus, hidden)
         c, tree = self.choices[row], self.trees[row].tree
-        if c.drafter != "ar":
-            self.rows[row].observe((c.drafter, c.context), len(tree) - 1, _path(tree, accepted))
+        # the batch budget may have verified less of it (``set_width``: the width it cut the pass to)
+        offered = len(tree) - 1 if self.width is None else min(len(tree), self.width) - 1
+        if c.drafter != "ar" and offered > 0:
+            self.rows[row].observe((c.drafter, c.context), offered, _path(tree, accepted))
 
     def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
         self.batch = batch

@@ -33,6 +33,9 @@ class Proposal:
     tree: TokenTree
     draws: list[list[Draw]]  # [nodes] candidates under each node, in the order proposed
     source: str = ""  # the drafter that proposed it, where a method chooses among several (auto)
+    # [nodes] committed tokens expected if the tree is cut to its first w nodes (w = 1..nodes), where
+    # the drafter priced its own tree (auto): the batch budget then picks the pass's width from them
+    gains: list[float] | None = None
 
     @staticmethod
     def root_only(root: int) -> Proposal:
@@ -41,7 +44,8 @@ class Proposal:
     def cut(self, nodes: int) -> Proposal:
         """The first ``nodes`` nodes (parents come first, so a prefix is a tree) and their draws."""
         tree = TokenTree(self.tree.tokens[:nodes], self.tree.parents[:nodes])
-        return Proposal(tree, [[d for d in draws if d.child < nodes] for draws in self.draws[:nodes]], self.source)
+        draws = [[d for d in draws if d.child < nodes] for draws in self.draws[:nodes]]
+        return Proposal(tree, draws, self.source, None if self.gains is None else self.gains[:nodes])
 
 
 def merge(root: int, drafts: list[DraftTree]) -> Proposal:
