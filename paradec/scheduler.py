@@ -27,7 +27,7 @@ import torch
 from paradec.config import GenerationConfig
 from paradec.draft import Drafter, Proposal
 from paradec.methods import Target
-from paradec.policy.budget import BatchBudget
+from paradec.policy.budget import BatchBudget, cut_batch
 from paradec.sampling import greedy
 from paradec.state import Row, StepEvent, Verification
 from paradec.tree import ScratchTree, pass_tensors
@@ -271,32 +271,14 @@ class Scheduler:
 
     # ---- the pieces of a step ---------------------------------------------------------------
     def _cut(self, proposals: list[Proposal], groups: list[Group]) -> tuple[list[Proposal], list | None, int]:
-        """With a budget and every group greedy: each row's tree cut to the width the budget
-        chooses for the pass. Groups whose drafter sizes its own trees keep them whole, unless it
-        priced them (``Proposal.gains``, auto): a pass is as wide as its widest row, so what one row
-        drafts costs every row, and only the whole batch can say what pays; one priced row alone
-        keeps its own choice. -> (proposals, the rows' (method, proposed nodes) but the priced
-        ones, or None when nothing was decided; the width)."""
-        widest = max(len(p.tree) for p in proposals)
+        """With a budget and every group greedy: the rows' trees cut to the width the budget picks
+        for the pass (``policy.budget.cut_batch``). -> (proposals, the rows' (method, proposed
+        nodes) but the priced ones, or None when nothing was decided; the width)."""
         if self.budget is None or not all(g.gen.sampling.greedy for g in groups):
-            return proposals, None, widest
-        if widest == 1:  # nothing drafted: the drafters may look one node further again
-            return proposals, [], 1
+            return proposals, None, max(len(p.tree) for p in proposals)
+        methods = [g.gen.method for g in groups for _ in g.rows]
         own = {b for g in groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))}
-        priced = [b for b in sorted(own) if proposals[b].gains is not None]
-        sized = own - set(priced)
-        cuttable = len(proposals) - len(sized)
-        if cuttable == 0 or (cuttable == 1 and priced):
-            return proposals, None, widest
-        trees = [(g.gen.method, len(p.tree) - 1) for g in groups for p in proposals[g.first : g.first + len(g.rows)]]
-        plain = [t for b, t in enumerate(trees) if b not in own]
-        chosen = self.budget.choose(plain, [proposals[b].gains for b in priced])
-        width = max([chosen] + [len(proposals[b].tree) for b in sized])
-        return (
-            [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)],
-            [t for b, t in enumerate(trees) if b not in priced],
-            width,
-        )
+        return cut_batch(self.budget, proposals, methods, own)
 
     def _verify(self, proposals: list[Proposal], groups: list[Group]) -> Verification:
         """One target pass over every row's tree, pruned inside the pass (ProPD) when every group

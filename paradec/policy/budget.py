@@ -32,6 +32,7 @@ from collections import defaultdict
 
 from paradec.cpu import PassCost
 from paradec.policy.dynamic import CurveLatency, LatencyModel
+from paradec.tree.proposal import Proposal
 
 PRIOR_ACCEPT = (
     0.6  # the prior chance that a chain's node d is accepted, given node d - 1's rate r: PRIOR_ACCEPT * r ...
@@ -167,3 +168,31 @@ class BatchBudget:
             self.skipped = 0
             return 3
         return 0
+
+
+def cut_batch(
+    budget: BatchBudget, proposals: list[Proposal], methods: list[str], own: set[int]
+) -> tuple[list[Proposal], list[tuple[str, int]] | None, int]:
+    """Greedy trees of one pass (``methods``: each row's) cut to the width ``budget`` picks. Rows
+    in ``own`` size their own trees and keep them whole, unless their drafter priced them
+    (``Proposal.gains``, auto): a pass is as wide as its widest row, so what one row drafts costs
+    every row, and only the whole batch can say what pays; one priced row alone keeps its own
+    choice. -> (proposals, the rows' (method, proposed nodes) but the priced ones, or None when
+    nothing was decided; the width)."""
+    widest = max(len(p.tree) for p in proposals)
+    if widest == 1:  # nothing drafted: the drafters may look one node further again
+        return proposals, [], 1
+    priced = [b for b in sorted(own) if proposals[b].gains is not None]
+    sized = own - set(priced)
+    cuttable = len(proposals) - len(sized)
+    if cuttable == 0 or (cuttable == 1 and priced):
+        return proposals, None, widest
+    trees = [(m, len(p.tree) - 1) for m, p in zip(methods, proposals)]
+    plain = [t for b, t in enumerate(trees) if b not in own]
+    chosen = budget.choose(plain, [proposals[b].gains for b in priced])
+    width = max([chosen] + [len(proposals[b].tree) for b in sized])
+    return (
+        [p if len(p.tree) <= width or b in sized else p.cut(width) for b, p in enumerate(proposals)],
+        [t for b, t in enumerate(trees) if b not in priced],
+        width,
+    )
