@@ -64,37 +64,41 @@ def run_demo(
         ref = engine.generate(conv, max_new_tokens=max_new_tokens)
         for name, opts in methods.items():
             g = ref if name == "ar" else engine.generate(conv, max_new_tokens=max_new_tokens, **opts)
-            row = {
-                "prompt": p.id,
-                "method": name,
-                "tau": g.stats.tau,
-                "tokens_per_s": g.stats.tokens_per_s,
-                "speedup": ref.stats.wall_s / g.stats.wall_s * len(g.token_ids) / max(1, len(ref.token_ids)),
-                "identical": g.token_ids == ref.token_ids,
-            }
-            rows.append(row)
-            print(
-                f"  {name:<16} tau {row['tau']:5.2f}   {row['tokens_per_s']:6.1f} tok/s   "
-                f"x{row['speedup']:.2f} vs ar   identical: {row['identical']}"
-                + (f"   drafters: {_shares(g.stats.drafters)}" if g.stats.drafters else ""),
-                file=out,
-            )
-    summary = []
-    for name in methods:
-        mine = [r for r in rows if r["method"] == name]
-        summary.append(
-            {
-                "method": name,
-                "tau": statistics.mean(r["tau"] for r in mine),
-                "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine),
-                "speedup_vs_ar": statistics.mean(r["speedup"] for r in mine),
-                "identical": f"{sum(r['identical'] for r in mine)}/{len(mine)}",
-            }
-        )
+            rows.append(_row(p.id, name, g, ref, out))
+    summary = [_summary(name, [r for r in rows if r["method"] == name]) for name in methods]
     print("\n" + markdown_table(summary, ["method", "tau", "tokens_per_s", "speedup_vs_ar", "identical"]), file=out)
     if aspd:
         aspd_demo(max_new_tokens * 2, dtype, out)
     return summary
+
+
+def _row(prompt: str, name: str, g, ref, out) -> dict:
+    """One method's answer to one prompt against `ar`'s (``ref``), printed as a line."""
+    row = {
+        "prompt": prompt,
+        "method": name,
+        "tau": g.stats.tau,
+        "tokens_per_s": g.stats.tokens_per_s,
+        "speedup": ref.stats.wall_s / g.stats.wall_s * len(g.token_ids) / max(1, len(ref.token_ids)),
+        "identical": g.token_ids == ref.token_ids,
+    }
+    print(
+        f"  {name:<16} tau {row['tau']:5.2f}   {row['tokens_per_s']:6.1f} tok/s   "
+        f"x{row['speedup']:.2f} vs ar   identical: {row['identical']}"
+        + (f"   drafters: {_shares(g.stats.drafters)}" if g.stats.drafters else ""),
+        file=out,
+    )
+    return row
+
+
+def _summary(name: str, mine: list[dict]) -> dict:
+    return {
+        "method": name,
+        "tau": statistics.mean(r["tau"] for r in mine),
+        "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in mine),
+        "speedup_vs_ar": statistics.mean(r["speedup"] for r in mine),
+        "identical": f"{sum(r['identical'] for r in mine)}/{len(mine)}",
+    }
 
 
 def _shares(drafters: dict[str, int]) -> str:

@@ -157,13 +157,11 @@ def write_gguf(
 
     import gguf
     import numpy as np
-    from gguf import GGMLQuantizationType as Q
 
     rng = np.random.default_rng(seed)
     vocab = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
     tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
     merges = [m if isinstance(m, str) else " ".join(m) for m in vocab["merges"]]
-    head_dim = hidden_size // num_heads
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-test")
     w.add_block_count(num_layers)
@@ -174,6 +172,44 @@ def write_gguf(
     w.add_head_count_kv(num_kv_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
+    _add_gguf_vocab(w, tokenizer, tokens, merges, pre)
+    quant = quant or {}
+    dims = (hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)
+    shapes = _gguf_shapes(arch, len(tokens), *dims, tie=tie)
+    if extra_tensor:
+        shapes[extra_tensor] = (hidden_size,)
+    originals = _add_gguf_tensors(w, shapes, arch, quant, rng, std, num_heads, num_kv_heads)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return originals
+
+
+def _add_gguf_tensors(w, shapes: dict, arch: str, quant: dict, rng, std: float, num_heads: int, num_kv_heads: int):
+    """Random tensors of ``shapes`` (norms near 1), q/k rows permuted as llama.cpp's converter does
+    for llama, each quantized as ``quant`` says -> the original fp32 arrays by GGUF name."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+
+    originals = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            values = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            values = (std * rng.standard_normal(shape)).astype(np.float32)
+        originals[name] = values
+        stored = values
+        if arch in ("llama", "mistral") and (".attn_q." in name or ".attn_k." in name):
+            stored = llamacpp_permute(values, num_heads if ".attn_q." in name else num_kv_heads)
+        qtype = next((q for frag, q in quant.items() if frag in name), Q.F32) if len(shape) == 2 else Q.F32
+        data = _gguf_block(np.ascontiguousarray(stored), qtype)
+        w.add_tensor(name, data, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
+    return originals
+
+
+def _add_gguf_vocab(w, tokenizer, tokens: list[str], merges: list[str], pre: str) -> None:
+    """The gpt2-style BPE vocabulary, its special ids and a chat template, as GGUF metadata."""
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
@@ -183,10 +219,23 @@ def write_gguf(
     w.add_bos_token_id(tokenizer.bos_token_id)
     w.add_eos_token_id(tokenizer.eos_token_id)
     w.add_chat_template(GGUF_CHAT_TEMPLATE)
-    quant = quant or {}
-    shapes = {"token_embd.weight": (len(tokens), hidden_size), "output_norm.weight": (hidden_size,)}
+
+
+def _gguf_shapes(
+    arch: str,
+    vocab: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    tie: bool = True,
+) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> shape of a ``arch`` model (llama.cpp's names; qwen2 adds q/k/v biases)."""
+    head_dim = hidden_size // num_heads
+    shapes = {"token_embd.weight": (vocab, hidden_size), "output_norm.weight": (hidden_size,)}
     if not tie:
-        shapes["output.weight"] = (len(tokens), hidden_size)
+        shapes["output.weight"] = (vocab, hidden_size)
     for i in range(num_layers):
         shapes.update(
             {
@@ -209,23 +258,4 @@ def write_gguf(
                     f"blk.{i}.attn_v.bias": (num_kv_heads * head_dim,),
                 }
             )
-    if extra_tensor:
-        shapes[extra_tensor] = (hidden_size,)
-    originals = {}
-    for name, shape in shapes.items():
-        if name.endswith("norm.weight"):
-            values = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            values = (std * rng.standard_normal(shape)).astype(np.float32)
-        originals[name] = values
-        stored = values
-        if arch in ("llama", "mistral") and (".attn_q." in name or ".attn_k." in name):
-            stored = llamacpp_permute(values, num_heads if ".attn_q." in name else num_kv_heads)
-        qtype = next((q for frag, q in quant.items() if frag in name), Q.F32) if len(shape) == 2 else Q.F32
-        data = _gguf_block(np.ascontiguousarray(stored), qtype)
-        w.add_tensor(name, data, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return originals
+    return shapes

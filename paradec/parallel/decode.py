@@ -234,6 +234,24 @@ class _RowDecoder:
         return list(range(len(self.fed_items)))
 
 
+def _forward(model, cache, items: list[list[_Item]], prefill: bool = False) -> torch.Tensor:
+    """One pass: row r's items go to its next len(items[r]) (scratch) slots -> logits [batch, n, vocab]."""
+    dev = model.embed.weight.device
+    n = max(len(it) for it in items)
+    starts = cache.starts()
+    x = torch.zeros(len(items), n, dtype=torch.long)
+    pos = torch.zeros(len(items), n, dtype=torch.long)
+    mask = torch.zeros(len(items), 1, n, max(starts) + n, dtype=torch.bool)
+    for r, its in enumerate(items):
+        for i, it in enumerate(its):
+            x[r, i], pos[r, i] = it.token, it.position
+            mask[r, 0, i, : it.upto] = True
+            mask[r, 0, i, it.extra] = True
+        for i in range(len(its), n):  # padding: sees its own slot only, never committed
+            mask[r, 0, i, starts[r] + i] = True
+    return model(x.to(dev), pos.to(dev), mask.to(dev), cache, prefill)
+
+
 def aspd_steps(
     model,
     sp: Specials,
@@ -251,34 +269,17 @@ def aspd_steps(
     Yields the rows after every pass (``_RowDecoder.visible`` is what a stream may show).
     ``row_type``: the row's decoder (``paradec.parallel.spec`` adds drafts, ``extra_slots``
     per pass, which the cache must hold before the rejected ones leave it)."""
-    dev = model.embed.weight.device
     vocab = model.config.vocab_size
     t0 = time.perf_counter()
     rows = [row_type(sp, p, max_new_tokens, eos, vocab, max_branch_tokens, title_retries) for p in prompts]
     cache = model.new_cache(len(prompts), max(len(p) for p in prompts) + 4 * max_new_tokens + 64 + extra_slots)
-
-    def forward(items: list[list[_Item]], prefill: bool = False) -> torch.Tensor:
-        """One pass: row r's items go to its next len(items[r]) (scratch) slots."""
-        n = max(len(it) for it in items)
-        starts = cache.starts()
-        x = torch.zeros(len(items), n, dtype=torch.long)
-        pos = torch.zeros(len(items), n, dtype=torch.long)
-        mask = torch.zeros(len(items), 1, n, max(starts) + n, dtype=torch.bool)
-        for r, its in enumerate(items):
-            for i, it in enumerate(its):
-                x[r, i], pos[r, i] = it.token, it.position
-                mask[r, 0, i, : it.upto] = True
-                mask[r, 0, i, it.extra] = True
-            for i in range(len(its), n):  # padding: sees its own slot only, never committed
-                mask[r, 0, i, starts[r] + i] = True
-        return model(x.to(dev), pos.to(dev), mask.to(dev), cache, prefill)  # [batch, n, vocab]
 
     # inference mode per pass, never across a yield: a caller may interleave several of these
     # generators (the server), and a mode left on or off by one would leak into the others
     with torch.inference_mode():
         prefill = [[_Item(t, i, i + 1, []) for i, t in enumerate(p[:-1])] for p in prompts]
         if any(prefill):  # all but the last token, like the main engine
-            forward(prefill, prefill=True)
+            _forward(model, cache, prefill, prefill=True)
             for r, its in enumerate(prefill):
                 cache.advance(r, len(its))
                 if record:
@@ -288,7 +289,7 @@ def aspd_steps(
             items = [row.items(cache.lengths[r]) for r, row in enumerate(rows)]
             if not any(items):
                 break
-            logits = forward(items)
+            logits = _forward(model, cache, items)  # [batch, n, vocab]
             for r, (row, its) in enumerate(zip(rows, items)):
                 if its:
                     length = cache.lengths[r]

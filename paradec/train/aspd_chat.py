@@ -136,16 +136,19 @@ def chat_examples(
             )
             (held if is_heldout(qid) else train).append(ex)
     stats["examples"] = len(train) + len(held)
-    for name, exs in (("train", train), ("heldout", held)):
-        stats[name] = {
-            "examples": len(exs),
-            "groups": sum(e.groups for e in exs),
-            "branches": sum(e.branches for e in exs),
-            "answer_tokens_marked": sum(len(e.marked) for e in exs),
-            "answer_tokens_plain": sum(len(e.plain) for e in exs),
-            "prompt_tokens": sum(len(e.prompt) for e in exs),
-        }
+    stats.update(train=_totals(train), heldout=_totals(held))
     return train, held, stats
+
+
+def _totals(examples: list[ChatExample]) -> dict:
+    return {
+        "examples": len(examples),
+        "groups": sum(e.groups for e in examples),
+        "branches": sum(e.branches for e in examples),
+        "answer_tokens_marked": sum(len(e.marked) for e in examples),
+        "answer_tokens_plain": sum(len(e.plain) for e in examples),
+        "prompt_tokens": sum(len(e.prompt) for e in examples),
+    }
 
 
 def save_examples(path: Path, train: list[ChatExample], held: list[ChatExample], stats: dict) -> None:

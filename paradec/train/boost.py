@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from paradec.config import ModelConfig
-from paradec.engine import load
+from paradec.engine import Engine, load
 from paradec.models import load_model, save_model
 from paradec.train.corpus import load_or_encode
 from paradec.train.lm import StreamBatches, TrainConfig, evaluate, export, train_lm
@@ -141,6 +141,20 @@ def train_ssm_pool(
     )
 
 
+PRETRAIN = TrainConfig(seq_len=128, batch_size=32, lr=2e-3, min_lr=2e-4, max_steps=800, warmup_steps=50, eval_every=200)
+DISTILL = TrainConfig(seq_len=0, batch_size=32, lr=1e-3, min_lr=1e-4, max_steps=300, warmup_steps=20, eval_every=100)
+
+
+def _export_ssm(model, tok, out_dir: Path, save_tokenizer: bool):
+    """Save one tuned SSM (with the tokenizer, or without: a chat tokenizer is MBs and the target's
+    is the draft's) and load it back as an Engine, as ``specinfer`` will."""
+    if save_tokenizer:
+        export(model, tok.hf, out_dir)
+    else:
+        save_model(model, out_dir, torch.bfloat16)
+    return Engine(load_model(out_dir, torch.bfloat16), tok)
+
+
 def boost_pool(
     target,
     cfg: ModelConfig,
@@ -164,60 +178,47 @@ def boost_pool(
     train, held: [n, ctx_len + cont_len] self-distillation windows. Writes OUT_ROOT/ssm1..N and
     OUT_ROOT/ssm_pool.json; every stage resumes from RUN_DIR.
     """
-    from paradec.engine import Engine
-
     run_dir, out_root = Path(run_dir), Path(out_root)
     t0 = time.perf_counter()
     tok = target.tokenizer
-    pretrain = pretrain or TrainConfig(
-        seq_len=128, batch_size=32, lr=2e-3, min_lr=2e-4, max_steps=800, warmup_steps=50, eval_every=200
-    )
-    base = train_lm(cfg, pretrain_data, held_lm, run_dir / "ssm_base", pretrain, init_state=init_state)
+    base = train_lm(cfg, pretrain_data, held_lm, run_dir / "ssm_base", pretrain or PRETRAIN, init_state=init_state)
     base_state = base.pop("model").state_dict()
-    distill = distill or TrainConfig(
-        seq_len=train.shape[1] - 1, batch_size=32, lr=1e-3, min_lr=1e-4, max_steps=300, warmup_steps=20, eval_every=100
-    )
+    distill = distill or replace(DISTILL, seq_len=train.shape[1] - 1)
     held_distill = [DistillBatches(held, ctx_len).sample(50, 0, np.random.default_rng(i)) for i in range(4)]
     remaining = train
-    report = {
-        **(report or {}),
-        "samples_train": int(len(train)),
-        "samples_heldout": int(len(held)),
-        "ctx_len": ctx_len,
-        "cont_len": int(train.shape[1] - ctx_len),
-        "base": {k: v for k, v in base.items()},
-        "ssms": [],
-    }
+    report = {**(report or {}), "samples_train": int(len(train)), "samples_heldout": int(len(held))}
+    report.update(ctx_len=ctx_len, cont_len=int(train.shape[1] - ctx_len), base=dict(base), ssms=[])
     held_hits = []
     for i in range(1, num_ssms + 1):
         summary = train_lm(
             cfg, DistillBatches(remaining, ctx_len), held_distill, run_dir / f"ssm{i}", distill, init_state=base_state
         )
         model = summary.pop("model")
-        out_dir = out_root / f"ssm{i}"
-        if save_tokenizer:
-            export(model, tok.hf, out_dir)
-        else:  # the target's tokenizer is the draft's: no copy (a chat tokenizer is MBs)
-            save_model(model, out_dir, torch.bfloat16)
-        ssm = Engine(load_model(out_dir, torch.bfloat16), tok)
+        ssm = _export_ssm(model, tok, out_root / f"ssm{i}", save_tokenizer)
         hit_train = matches(ssm, remaining, ctx_len)
         held_hits.append(matches(ssm, held, ctx_len))
-        rec = {
-            "name": f"ssm{i}",
-            "trained_on": int(len(remaining)),
-            "matched_own_train": float(hit_train.mean()),
-            "heldout_match_4": float(held_hits[-1].mean()),
-            "heldout_ppl_pretrain_text": round(math.exp(evaluate(model, held_lm)), 3),
-            "distill": summary,
-            "params": sum(p.numel() for p in model.parameters()),
-        }
-        report["ssms"].append(rec)
+        report["ssms"].append(
+            {
+                "name": f"ssm{i}",
+                "trained_on": int(len(remaining)),
+                "matched_own_train": float(hit_train.mean()),
+                "heldout_match_4": float(held_hits[-1].mean()),
+                "heldout_ppl_pretrain_text": round(math.exp(evaluate(model, held_lm)), 3),
+                "distill": summary,
+                "params": sum(p.numel() for p in model.parameters()),
+            }
+        )
         remaining = remaining[~hit_train]
         if len(remaining) < 64:
             break
+    return _write_report(report, held_hits, target, out_root, time.perf_counter() - t0)
+
+
+def _write_report(report: dict, held_hits: list, target, out_root: Path, seconds: float) -> dict:
+    """The pool's held-out coverage as SSMs are added, the step costs, and OUT_ROOT/ssm_pool.json."""
     report["coverage_heldout"] = [float(np.any(held_hits[:n], axis=0).mean()) for n in range(1, len(held_hits) + 1)]
     report["target_step_ms"] = step_ms(target.model)
     report["ssm_step_ms"] = step_ms(load_model(out_root / "ssm1", torch.bfloat16))
-    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    report["wall_s"] = round(seconds, 1)
     (out_root / "ssm_pool.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

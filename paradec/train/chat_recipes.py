@@ -24,10 +24,10 @@ import torch
 from paradec.config import ModelConfig
 from paradec.engine import load
 from paradec.errors import ParadecError
-from paradec.train.boost import boost_pool
+from paradec.train.boost import DISTILL, PRETRAIN, boost_pool
 from paradec.train.chat_data import answer_windows, chat_stream, load_questions, self_answers
 from paradec.train.heads import fit_heads
-from paradec.train.lm import StreamBatches, TrainConfig
+from paradec.train.lm import StreamBatches
 
 HELD_OUT_EVERY = 10  # crc32(question_id) % 10 == 0: held out
 
@@ -91,9 +91,10 @@ def train_chat_ssms(
     pretrain_steps: int = 500,
     distill_steps: int = 250,
 ) -> dict:
-    run_dir = Path(run_dir)
+    """Collective boost-tuning of ``num_ssms`` chat SSMs for the target: pretrained on answers to the
+    training questions, then distilled on the target's own answers (``boost_pool``)."""
     target = load(target_dir, dtype="bf16")
-    train_recs, held_recs = target_answers(target, questions_path, run_dir)
+    train_recs, held_recs = target_answers(target, questions_path, Path(run_dir))
     train = answer_windows(train_recs, ctx_len, cont_len, stride)
     held = answer_windows(held_recs, ctx_len, cont_len, stride * 4)
     questions = dict(load_questions(questions_path))
@@ -108,25 +109,10 @@ def train_chat_ssms(
         )
     cfg = ssm_config(target.model.config)
     init = _init_state(cfg, target.model.embed.weight.detach())
-    pretrain = TrainConfig(
-        seq_len=128,
-        batch_size=16,
-        lr=2e-3,
-        min_lr=2e-4,
-        max_steps=pretrain_steps,
-        warmup_steps=30,
-        eval_every=100,
-        eval_batches=8,
+    pretrain = replace(
+        PRETRAIN, batch_size=16, max_steps=pretrain_steps, warmup_steps=30, eval_every=100, eval_batches=8
     )
-    distill = TrainConfig(
-        seq_len=ctx_len + cont_len - 1,
-        batch_size=32,
-        lr=1e-3,
-        min_lr=1e-4,
-        max_steps=distill_steps,
-        warmup_steps=20,
-        eval_every=100,
-    )
+    distill = replace(DISTILL, seq_len=ctx_len + cont_len - 1, max_steps=distill_steps)
     report = {
         "target": Path(target_dir).name,
         "questions": Path(questions_path).name,
@@ -175,9 +161,10 @@ def train_chat_heads(
     epochs: int = 2,
     batch: int = 512,
 ) -> dict:
-    run_dir = Path(run_dir)
+    """Collective boost-tuning of ``num_ssms`` chat SSMs for the target: pretrained on answers to the
+    training questions, then distilled on the target's own answers (``boost_pool``)."""
     target = load(target_dir, dtype="bf16")
-    train_recs, held_recs = target_answers(target, questions_path, run_dir)
+    train_recs, held_recs = target_answers(target, questions_path, Path(run_dir))
 
     def spans(recs):
         seqs = [r["prompt_ids"] + r["answer_ids"] for r in recs if len(r["answer_ids"]) > 1]
