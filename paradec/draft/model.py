@@ -68,14 +68,19 @@ class ModelDrafter:
                 for _ in range(width - len(p) + 1):
                     row.add(0, -1)
                 rows.append(row)
-            self._forward(rows, 0, width, prefill=True)
+            tokens, pos, mask = pass_tensors(rows, 0, width, self.cache.lengths)
+            dev = self.device  # the K/V alone: no logits are read (an LM head over every prompt position)
+            self.model.hidden(
+                tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), self.cache, prefill=True
+            )
+            self.cache.keep_scratch(width)
             for b, n in enumerate(lengths):
                 self.cache.advance(b, n)
 
-    def _forward(self, rows: list[ScratchTree], start: int, width: int, prefill: bool = False) -> torch.Tensor:
+    def _forward(self, rows: list[ScratchTree], start: int, width: int) -> torch.Tensor:
         tokens, pos, mask = pass_tensors(rows, start, width, self.cache.lengths)
         dev = self.device
-        logits = self.model(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), self.cache, prefill)
+        logits = self.model(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), self.cache)
         self.cache.keep_scratch(width)
         return logits  # [batch, width, vocab]
 
