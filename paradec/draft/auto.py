@@ -113,6 +113,7 @@ class AutoDrafter(DrafterHooks):
         c, tree = self.choices[row], self.trees[row].tree
         # the batch budget may have verified less of it (``set_width``: the width it cut the pass to)
         offered = len(tree) - 1 if self.width is None else min(len(tree), self.width) - 1
+        self.rows[row].tick()
         if c.drafter != "ar" and offered > 0:
             self.rows[row].observe((c.drafter, c.context), offered, _path(tree, accepted))
 

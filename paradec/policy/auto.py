@@ -83,12 +83,20 @@ class AutoStats:
 
 
 class RowStats:
-    """One row's own acceptance, shrunk towards the engine's (``ROW_WEIGHT``)."""
+    """One row's own acceptance, shrunk towards the engine's (``ROW_WEIGHT``). It forgets with the
+    row's steps (``tick``), not with its observations: a row whose drafts failed twice would
+    otherwise choose `ar` and, observing nothing more, keep that verdict for the rest of its answer."""
 
     def __init__(self, shared: Acceptance) -> None:
         self.shared = shared
-        self.own = Acceptance(ROW_DECAY, per_key=True)
+        self.own = Acceptance(1.0, per_key=True)
         self.plain = 0  # steps in a row that chose `ar`
+
+    def tick(self) -> None:
+        """One step of the row went by: its own counts weigh ``ROW_DECAY`` as much."""
+        for counts in (self.own.hits, self.own.trials):
+            for k in counts:
+                counts[k] *= ROW_DECAY
 
     def rates(self, key: tuple, nodes: int) -> list[float]:
         """[rate of node 1, ..., node ``nodes``]: the row's own counts over the engine's rates."""
