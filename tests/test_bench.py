@@ -13,6 +13,11 @@ from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.testing import make_checkpoint
 
 
+def _short(tokens: int) -> list[str]:
+    """A bench run's length and format flags: ``tokens`` new tokens in fp32 (tiny models)."""
+    return ["--max-new-tokens", str(tokens), "--dtype", "fp32"]
+
+
 def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test_aspd_train.py
     # (aspd: tests/test_aspd_train.py; llama.cpp, an optional extra: test_bench_llamacpp_peer)
     methods = [m for m in bench_methods() if not {"aspd_model", "gguf"} & method_needs(m)]
@@ -50,10 +55,7 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
         ",".join(methods),
         "--prompts",
         str(prompts),
-        "--max-new-tokens",
-        "16",
-        "--dtype",
-        "fp32",
+        *_short(16),
         "--out",
         str(out),
         # fixed trees, no draft budget: what is verified must not depend on this CPU's speed
@@ -112,10 +114,7 @@ def test_bench_tree_nodes_sets_fixed_trees_only(tmp_path, llama_dir):
         str(tmp_path / "eagle"),
         "--prompts",
         str(prompts),
-        "--max-new-tokens",
-        "12",
-        "--dtype",
-        "fp32",
+        *_short(12),
     ]
     proc = run_cli(
         *base, "--methods", "ar,medusa,eagle,eagle+propd", "--tree-nodes", "3", "--out", str(tmp_path / "out")
@@ -145,10 +144,7 @@ def test_bench_resumes_after_the_last_finished_group(tmp_path, llama_dir):
         "ar,pld",
         "--prompts",
         str(prompts),
-        "--max-new-tokens",
-        "8",
-        "--dtype",
-        "fp32",
+        *_short(8),
         "--out",
         str(out),
     ]
@@ -221,10 +217,7 @@ def test_bench_quant_suffix_and_llamacpp_peer(tmp_path):
         ",".join(methods),
         "--prompts",
         str(prompts),
-        "--max-new-tokens",
-        "12",
-        "--dtype",
-        "fp32",
+        *_short(12),
         "--out",
         str(out),
     )
