@@ -169,9 +169,11 @@ class Scheduler:
             width = cut  # the next proposals need reach no further than this width (+1), or nowhere
             if trees is not None:
                 width = self.budget.next_width(trees, cut)
-            for g in ready:  # a drafter that priced its trees learns how much of them was verified
-                priced = proposals[g.first].gains is not None
-                g.drafter.set_width(None if trees is None else cut if priced else None if g.gen.spec.dynamic else width)
+            for g in ready:
+                if trees is None or (g.gen.spec.dynamic and proposals[g.first].gains is None):
+                    g.drafter.set_width(None)  # trees verified in full, or sized by their drafter
+                else:  # a priced tree (auto) learns how much of it was verified; a fixed one, how far to draft
+                    g.drafter.set_width(cut if g.gen.spec.dynamic else width)
             t_fwd = time.perf_counter()
             ver = self._verify(proposals, ready)
             if ver.logits.device.type == "cuda":

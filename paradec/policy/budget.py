@@ -34,9 +34,7 @@ from paradec.cpu import PassCost
 from paradec.policy.dynamic import CurveLatency, LatencyModel
 from paradec.tree.proposal import Proposal
 
-PRIOR_ACCEPT = (
-    0.6  # the prior chance that a chain's node d is accepted, given node d - 1's rate r: PRIOR_ACCEPT * r ...
-)
+PRIOR_ACCEPT = 0.6  # the prior chance of a chain's node d is PRIOR_ACCEPT x node d - 1's rate ...
 PRIOR_WEIGHT = 2.0  # ... worth this many observations
 EXPLORE_EVERY = 16  # a budget that verifies nothing past the root tries 2 more nodes this often
 
@@ -49,8 +47,8 @@ def size_class(proposed: int) -> int:
 class Acceptance:
     """P(node n of a tree is on the accepted path | it was verified), per kind of tree (``key``:
     who drafted it and in which context), learned online with exponential forgetting from a
-    prior of PRIOR_ACCEPT times node n - 1's rate, worth PRIOR_WEIGHT observations. Nodes count parents first, so
-    a tree cut to its first w nodes expects 1 + sum_{0 < n < w} rate(n) committed tokens."""
+    prior of PRIOR_ACCEPT times node n - 1's rate, worth PRIOR_WEIGHT observations. Nodes count
+    parents first, so a tree cut to its first w nodes expects 1 + sum_{0 < n < w} rate(n) tokens."""
 
     def __init__(self, decay: float = 0.995, per_key: bool = False) -> None:
         self.decay = decay
