@@ -8,9 +8,12 @@ import torch
 
 import paradec
 from paradec import methods, scheduler
+from paradec.cpu import PassCost
 from paradec.draft import RootDrafter
+from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
 
+LOOKUP = "a b c d e f g a b c d e f g a b c"  # prompt lookup finds a chain at every step
 LONG = "import os\nimport sys\n\n" + "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(12))
 
 
@@ -101,3 +104,18 @@ def test_chunked_prefill_gives_the_features_one_pass_gives(engine, monkeypatch):
     one, chunked = seen[0], seen[1]
     assert one.shape == chunked.shape == (1, len(ids) - 1, engine.model.config.hidden_size)
     torch.testing.assert_close(chunked.float(), one.float(), atol=0.05, rtol=0.05)
+
+
+def test_auto_beside_rows_that_drafted_nothing_keeps_every_rows_tokens(engine):
+    """A server's mix: auto's priced chain in one row, nothing drafted in the others. The batch
+    cut weighs them together, and the next width is asked of rows that drafted nothing (once
+    max() of an empty sequence: every stream beside it failed)."""
+    prompts = {LOOKUP: "auto", "def f(x):": "ar", "x = 1\n": "pld"}
+    alone = {p: engine.generate(p, method=m, max_new_tokens=10, ignore_eos=True).token_ids for p, m in prompts.items()}
+    sched = Scheduler(engine, 3, 512, budget=BatchBudget(PassCost.flat()))
+    groups = {p: _group(engine, sched, p, m) for p, m in prompts.items()}
+    drafted = 0
+    while sched.groups:
+        drafted += sum(e.drafted > 0 for g, e in sched.step() if g is groups[LOOKUP])
+    assert {p: g.rows[0].new_ids for p, g in groups.items()} == alone
+    assert drafted and all(g.error is None for g in groups.values())

@@ -145,8 +145,8 @@ class BatchBudget:
         """How far the drafters should draft next step (``Drafter.set_width``): this step's ``width``
         while drafting pays for its own time too, else 0 (no drafting: the step is an `ar` step),
         with a look again every ``EXPLORE_EVERY`` steps. ``trees``: this step's rows, as ``choose``'s
-        (empty when nothing was drafted: then the last drafted ones stand in)."""
-        if trees:
+        (when none of them drafted, as beside auto's priced rows, the last drafted ones stand in)."""
+        if any(p for _, p in trees):
             self.last_trees = trees
         trees = self.last_trees
         if not trees or not isinstance(self.latency, CurveLatency):
