@@ -13,6 +13,7 @@ answer says which drafters ran and how often.
 from __future__ import annotations
 
 import time
+from itertools import accumulate
 
 import torch
 
@@ -102,7 +103,7 @@ class AutoDrafter(DrafterHooks):
             prop.source = c.drafter
             if self.greedy:  # the batch budget may cut it further: what each width is expected to commit
                 rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
-                prop.gains = [1.0 + sum(rates[:n]) for n in range(len(prop.tree))]
+                prop.gains = list(accumulate(rates, initial=1.0))
             self.trees.append(prop)
         self.draft_s = time.perf_counter() - t0
         return self.trees

@@ -80,7 +80,7 @@ class Acceptance:
 
     def observe(self, key: tuple, offered: int, accepted: list[int]) -> None:
         """Nodes 1..``offered`` of a ``key`` tree were verified; ``accepted`` (indices) were on the path."""
-        for k in self.hits:
+        for k in self.hits if self.decay != 1.0 else ():  # 1.0: counts that forget elsewhere (a row's tick)
             if not self.per_key or k[0] == key:
                 self.hits[k] *= self.decay
                 self.trials[k] *= self.decay
