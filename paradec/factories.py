@@ -27,6 +27,7 @@ from paradec.models.heads import Heads
 from paradec.policy import TreePolicy
 from paradec.policy.auto import AutoStats
 from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
+from paradec.state import Split
 from paradec.tokenizer import Tokenizer
 
 
@@ -89,7 +90,16 @@ def heads(target: Target, gen: GenerationConfig) -> Drafter:
         if key not in target.policies:
             target.policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall, curve=target.cost)
         policy = target.policies[key]
-    return HeadDrafter(heads, target.model.lm_head, policy, max_rank=len(prior[0]), step_scores=step_scores)
+    split = Split(heads.early, heads.early_layer, spec.prune_topk) if spec.prune else None
+    return HeadDrafter(
+        heads,
+        target.model.lm_head,
+        policy,
+        max_rank=len(prior[0]),
+        step_scores=step_scores,
+        split=split,
+        sizes_own_trees=static is None,
+    )
 
 
 def eagle(target: Target, gen: GenerationConfig) -> Drafter:

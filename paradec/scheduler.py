@@ -29,7 +29,7 @@ from paradec.draft import Drafter, Proposal
 from paradec.methods import Target
 from paradec.policy.budget import BatchBudget, cut_batch
 from paradec.sampling import greedy
-from paradec.state import Row, StepEvent, Verification
+from paradec.state import Row, StepEvent, StepReport, Verification
 from paradec.tree import ScratchTree, pass_tensors
 from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
 from paradec.verify.prune import pruned_pass
@@ -170,10 +170,11 @@ class Scheduler:
             if trees is not None:
                 width = self.budget.next_width(trees, cut)
             for g in ready:
-                if trees is None or (g.gen.spec.dynamic and proposals[g.first].gains is None):
+                own = g.drafter.sizes_own_trees
+                if trees is None or (own and proposals[g.first].gains is None):
                     g.drafter.set_width(None)  # trees verified in full, or sized by their drafter
                 else:  # a priced tree (auto) learns how much of it was verified; a fixed one, how far to draft
-                    g.drafter.set_width(cut if g.gen.spec.dynamic else width)
+                    g.drafter.set_width(cut if own else width)
             t_fwd = time.perf_counter()
             ver = self._verify(proposals, ready)
             if ver.logits.device.type == "cuda":
@@ -186,13 +187,15 @@ class Scheduler:
                     for i in range(len(g.rows)):
                         self.cache.drop_scratch(g.first + i)
                 elif g.error is None:
-                    yield from self._accept_group(g, ver, drafted, trees is not None, t_fwd)
+                    recall: list[bool] = []
+                    yield from self._accept_group(g, ver, drafted, trees is not None, t_fwd, recall)
                     if g.error is not None:  # its sampling failed: it has left
                         continue
                     span = slice(g.first, g.first + len(g.rows))
-                    seconds = time.perf_counter() - t_step
                     verified = max(len(p.tree) for p in ver.proposals[span])
-                    g.drafter.step_done(batch, max(drafted[span]), verified, seconds, ver.early_top is not None)
+                    pruned = ver.early_top is not None
+                    seconds = time.perf_counter() - t_step
+                    g.drafter.observe(StepReport(batch, max(drafted[span]), verified, seconds, pruned, tuple(recall)))
         self._leave()
 
     def _propose(self) -> list[Proposal]:
@@ -213,9 +216,10 @@ class Scheduler:
         return proposals
 
     def _accept_group(
-        self, g: Group, ver: Verification, drafted: list[int], budgeted: bool, t_fwd: float
+        self, g: Group, ver: Verification, drafted: list[int], budgeted: bool, t_fwd: float, recall: list[bool]
     ) -> Iterator[tuple[Group, StepEvent]]:
-        """Accept ``g``'s rows with its own settings, commit, and yield each row's committed tokens."""
+        """Accept ``g``'s rows with its own settings, commit, and yield each row's committed tokens;
+        a split pass's early-head recall goes to ``recall``."""
         span = slice(g.first, g.first + len(g.rows))
         try:
             verdicts = self._accept(ver.proposals[span], ver.logits[span], g.rows, g.gen)
@@ -225,9 +229,9 @@ class Scheduler:
         for i, (row, verdict) in enumerate(zip(g.rows, verdicts)):
             if row.done:
                 continue
-            committed = self._commit(g, i, ver, verdict)
+            committed = self._commit(g, i, ver, verdict, recall)
             b = g.first + i
-            if budgeted and not g.gen.spec.dynamic:
+            if budgeted and not g.drafter.sizes_own_trees:
                 self.budget.observe(g.gen.method, drafted[b] - 1, len(ver.proposals[b].tree) - 1, verdict.nodes[1:])
             row.stats.steps += 1
             row.stats.target_s += t_fwd
@@ -246,7 +250,7 @@ class Scheduler:
     def _fail(g: Group, exc: Exception) -> None:
         g.error, g.cancelled = f"{type(exc).__name__}: {exc}", True
 
-    def _commit(self, g: Group, i: int, ver: Verification, verdict: Verdict) -> list[int]:
+    def _commit(self, g: Group, i: int, ver: Verification, verdict: Verdict, recall: list[bool]) -> list[int]:
         b, row = g.first + i, g.rows[i]
         prop = ver.proposals[b]
         accepted = [prop.tree.tokens[n] for n in verdict.nodes[1:]]
@@ -258,7 +262,7 @@ class Scheduler:
             # was the target's next token in the early head's top-k at the last node?
             top = ver.early_top[b].get(ver.slot(b, verdict.nodes[-1]))
             if top is not None:
-                g.drafter.observe_recall(verdict.bonus in top)
+                recall.append(verdict.bonus in top)
         row.stats.record(max(prop.tree.depths), len(accepted))
         return committed
 
@@ -279,27 +283,18 @@ class Scheduler:
         if self.budget is None or not all(g.gen.sampling.greedy for g in groups):
             return proposals, None, max(len(p.tree) for p in proposals)
         methods = [g.gen.method for g in groups for _ in g.rows]
-        own = {b for g in groups if g.gen.spec.dynamic for b in range(g.first, g.first + len(g.rows))}
+        own = {b for g in groups if g.drafter.sizes_own_trees for b in range(g.first, g.first + len(g.rows))}
         return cut_batch(self.budget, proposals, methods, own)
 
     def _verify(self, proposals: list[Proposal], groups: list[Group]) -> Verification:
-        """One target pass over every row's tree, pruned inside the pass (ProPD) when every group
-        prunes with the same top-k and every policy says pruning pays this step; pruning only
-        drops candidates, so a pass over a mixed batch may also skip it."""
-        heads = self.target.heads
-        specs = [g.gen.spec for g in groups]
-        if (
-            all(s.prune for s in specs)
-            and len({s.prune_topk for s in specs}) == 1
-            and all(g.drafter.prune_next for g in groups)
-            and heads is not None
-            and heads.early is not None
-            and max(len(p.tree) for p in proposals) > 1
-        ):
+        """One target pass over every row's tree, split at an early layer (ProPD's pruning) when
+        every group's drafter asks for the same split this step; pruning only drops candidates,
+        so a pass over a mixed batch may also skip it."""
+        splits = {g.drafter.split() for g in groups}
+        split = splits.pop() if len(splits) == 1 else None
+        if split is not None and max(len(p.tree) for p in proposals) > 1:
             return Verification(
-                *pruned_pass(
-                    self.target.model, heads.early, heads.early_layer, specs[0].prune_topk, proposals, self.cache
-                )
+                *pruned_pass(self.target.model, split.early, split.layer, split.topk, proposals, self.cache)
             )
         return Verification(proposals, *verify_forward(self.target.model, [p.tree for p in proposals], self.cache))
 

@@ -112,6 +112,30 @@ class StepEvent:
 
 
 @dataclass(frozen=True)
+class Split:
+    """A verification pass split at an early layer (ProPD): layers [0, layer) run on the whole
+    tree, a node whose token is not in its parent's ``early`` top-``topk`` is dropped, and the
+    upper layers run on the survivors (``verify.prune.pruned_pass``)."""
+
+    early: torch.nn.Module  # models.heads.EarlyHead: layer ``layer``'s hidden -> logits through the LM head
+    layer: int
+    topk: int
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What a drafter may learn from one step of its group (``Drafter.observe``), after every
+    row's commit."""
+
+    batch: int  # rows in the pass
+    drafted: int  # the widest tree the group proposed (root included)
+    verified: int  # the widest tree of the group the pass verified (after cuts and pruning)
+    seconds: float  # the step's wall time, proposals included
+    pruned: bool  # whether the pass was split (``Split``)
+    recall: tuple[bool, ...] = ()  # split passes: per row, was the target's next token in the early top-k
+
+
+@dataclass(frozen=True)
 class Verification:
     """What one target pass over the proposed trees gives the acceptance step."""
 

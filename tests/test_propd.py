@@ -13,7 +13,7 @@ from paradec.draft import merge
 from paradec.draft.base import DraftTree
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.policy import Calibration, LatencyModel, TreePolicy
-from paradec.scheduler import prefill, verify_forward
+from paradec.scheduler import Scheduler, prefill, verify_forward
 from paradec.tree.builders import top_paths
 from paradec.verify.prune import prune_proposal, pruned_pass
 
@@ -199,3 +199,28 @@ def test_step_scores_give_sure_rows_deeper_trees():
     for tree in (deep, shallow):  # each row's paths are a tree: every prefix is in it
         assert all(len(p) == 1 or p[:-1] in tree for p in tree)
     assert policy.choose(2, {0: unsure, 1: unsure}) < n  # nobody is sure: a smaller tree
+
+
+def _admit(engine, sched, prompt, method, reports, **opts):
+    gen = engine.config(method=method, max_new_tokens=N_NEW, ignore_eos=True, **opts)
+    drafter = paradec.methods.get(method).drafter(engine, gen)
+    observe = drafter.observe
+    drafter.observe = lambda step: (reports.append(step), observe(step))
+    return sched.admit(engine.new_rows([engine.tokenizer.encode(prompt)], gen), gen, drafter)
+
+
+def test_a_pass_is_split_only_when_every_group_asks_for_it(engine, ar_tokens):
+    """A fixed-size ProPD tree asks for the early-pruned pass at every step: alone it gets it and
+    learns the early head's recall; beside an `ar` group (which asks for a full pass) it does not.
+    Either way its tokens are `ar`'s."""
+    for beside in (False, True):
+        sched, reports = Scheduler(engine, 2, 512), []
+        group = _admit(engine, sched, PROMPTS4[0], "propd", reports, dynamic=False)
+        if beside:
+            _admit(engine, sched, PROMPTS4[1], "ar", [])
+        while sched.groups:
+            list(sched.step())
+        assert group.rows[0].new_ids == ar_tokens[0]
+        split = [r.pruned for r in reports if r.drafted > 1]
+        assert split and all(s != beside for s in split)
+        assert any(r.recall for r in reports) != beside

@@ -10,6 +10,7 @@ from paradec.draft.base import DrafterHooks, DraftTree, Draw, Proposal, merge
 from paradec.draft.heads import HeadDrafter
 from paradec.draft.model import ModelDrafter
 from paradec.draft.ngram import NgramDrafter
+from paradec.state import Split, StepReport
 
 __all__ = [
     "DraftTree",
@@ -26,17 +27,18 @@ __all__ = [
 
 
 class Drafter(Protocol):
-    """What the engine's loop asks of a drafter, every call typed; no optional attributes.
+    """What the engine's loop asks of a drafter, every call typed; no optional attributes
+    (``DrafterHooks`` gives the optional steps as no-ops).
 
-    Per step: ``propose`` -> (the target verifies) -> ``commit`` per row -> ``observe_recall``
-    per row when the pass was pruned -> ``step_done``.
+    Per step: ``propose`` -> ``split`` (a pruned pass, or a full one) -> the target verifies ->
+    ``commit`` per row -> ``observe`` the step.
     """
 
     @property
     def max_nodes(self) -> int: ...  # the most tree nodes one row's proposal may have (KV scratch)
 
     @property
-    def prune_next(self) -> bool: ...  # whether the next verification pass may be pruned (ProPD)
+    def sizes_own_trees(self) -> bool: ...  # a cost model sizes its trees: the batch budget does not cut them
 
     # features [rows, width, hidden]: the target's final normed hidden states of each prompt's
     # tokens but the root, from its prefill (None for 1-token prompts); EAGLE's head reads them
@@ -44,13 +46,15 @@ class Drafter(Protocol):
 
     def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]: ...
 
+    # the split pass it asks for this step (ProPD's early pruning), or None for a full pass; the
+    # pass is split only when every group in it asks for the same one
+    def split(self) -> Split | None: ...
+
     # hidden [len(accepted) + 1, hidden]: the target's final normed hidden states at the root and
     # each accepted node (the last one's LM-head output gave ``bonus``)
     def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None: ...
 
-    def observe_recall(self, hit: bool) -> None: ...  # was the target's next token in the early top-k
-
-    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None: ...
+    def observe(self, step: StepReport) -> None: ...  # the step's cost and the early head's recall
 
     # the width the draft budget verified this step (None: trees in full); drafting past it is wasted
     def set_width(self, width: int | None) -> None: ...

@@ -22,6 +22,7 @@ from paradec.draft import Drafter
 from paradec.draft.base import DrafterHooks
 from paradec.draft.ngram import NgramDrafter
 from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose
+from paradec.state import StepReport
 from paradec.tree.proposal import Proposal, merge
 from paradec.tree.tree import TokenTree
 
@@ -30,6 +31,8 @@ class AutoDrafter(DrafterHooks):
     """``arms``: name -> a drafter of the shared loop, whose trees have up to ``sizes[name]`` nodes
     past the root (it drafts less when told a smaller width); ``lookup``: prompt lookup (None:
     not offered, as on llama.cpp's runtime, which verifies no trees)."""
+
+    sizes_own_trees = True  # it prices its rows' trees (``Proposal.gains``); the batch cuts them jointly
 
     def __init__(
         self,
@@ -118,9 +121,9 @@ class AutoDrafter(DrafterHooks):
         if c.drafter != "ar" and offered > 0:
             self.rows[row].observe((c.drafter, c.context), offered, _path(tree, accepted))
 
-    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
-        self.batch = batch
-        self.stats.observe_pass(batch * verified, max(seconds - self.draft_s, 1e-6))
+    def observe(self, step: StepReport) -> None:
+        self.batch = step.batch
+        self.stats.observe_pass(step.batch * step.verified, max(step.seconds - self.draft_s, 1e-6))
 
 
 def _path(tree: TokenTree, accepted: list[int]) -> list[int]:

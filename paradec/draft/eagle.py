@@ -40,6 +40,7 @@ from paradec.draft.ngram import NgramDrafter
 from paradec.models.eagle import EagleHead
 from paradec.policy.dynamic import SIZES, CurveLatency, LatencyModel
 from paradec.sampling import probs
+from paradec.state import StepReport
 from paradec.tree import ScratchTree, pass_tensors
 from paradec.tree.proposal import DraftTree, Proposal, merge
 
@@ -105,6 +106,7 @@ class EagleDrafter(DrafterHooks):
     ) -> None:
         self.head, self.embed, self.lm_head, self.sampling = head, embed, lm_head, sampling
         self.depth, self.nodes, self.cost, self.lookup = depth, nodes, cost, lookup
+        self.sizes_own_trees = cost is not None  # eagle+propd: the cost model sizes the tree
         self.head_ran = True  # whether this step's pending pairs went through the head
         # sampling verifies every drawn node: keep the tree within the verifier's limit
         self.topk = topk if sampling.greedy else min(topk, 2)
@@ -310,9 +312,9 @@ class EagleDrafter(DrafterHooks):
                 if known:
                     self.cost.observe(math.exp(logc), path == tuple(tokens[: len(path)]))
 
-    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
+    def observe(self, step: StepReport) -> None:
         if self.cost is not None:
-            self.cost.latency.observe(batch * verified, seconds)
+            self.cost.latency.observe(step.batch * step.verified, step.seconds)
 
 
 def _settled(nodes: list[tuple], grow: list[int], m: int) -> bool:

@@ -20,14 +20,26 @@ import torch
 from paradec.config import MAX_TREE_NODES
 from paradec.models.heads import Heads
 from paradec.policy import Calibration, TreePolicy
+from paradec.state import Split, StepReport
 from paradec.tree.proposal import DraftTree, Proposal, merge
 
 
 class HeadDrafter:
+    """``split``: the early-pruned pass it asks for where its policy says pruning pays (ProPD);
+    ``sizes_own_trees``: the policy sizes the tree each step (the batch budget does not cut it)."""
+
     def __init__(
-        self, heads: Heads, lm_head: torch.nn.Linear, policy: TreePolicy, max_rank: int = 8, step_scores: bool = False
+        self,
+        heads: Heads,
+        lm_head: torch.nn.Linear,
+        policy: TreePolicy,
+        max_rank: int = 8,
+        step_scores: bool = False,
+        split: Split | None = None,
+        sizes_own_trees: bool = False,
     ) -> None:
         self.heads, self.lm_head, self.policy = heads, lm_head, policy
+        self.pruned, self.sizes_own_trees = split, sizes_own_trees
         self.max_rank = max_rank
         self.hidden: list[torch.Tensor | None] = []
         self.guesses: list[list[list[int]] | None] = []  # [row][depth][rank] of the last proposal
@@ -107,15 +119,14 @@ class HeadDrafter:
     def set_width(self, width: int | None) -> None:
         self.width = width
 
-    @property
-    def prune_next(self) -> bool:
-        """Whether the policy wants the next verification pass pruned."""
-        return self.policy.prune_next
+    def split(self) -> Split | None:
+        """The early-pruned pass, where the policy wants the next verification pass pruned."""
+        return self.pruned if self.pruned is not None and self.policy.prune_next else None
 
-    def observe_recall(self, hit: bool) -> None:
-        self.policy.observe_recall(hit)
-
-    def step_done(self, batch: int, drafted: int, verified: int, seconds: float, pruned: bool = False) -> None:
-        """A step's wall time for ``batch`` rows padded to ``drafted`` tree nodes, ``verified``
-        of which survived pruning into the upper layers (``pruned``: the pass was split)."""
-        self.policy.observe_step(batch, drafted, verified, seconds, pruned)
+    def observe(self, step: StepReport) -> None:
+        """The early head's recall on this step's rows, and the step's wall time for ``batch`` rows
+        padded to ``drafted`` tree nodes, ``verified`` of which survived pruning into the upper
+        layers."""
+        for hit in step.recall:
+            self.policy.observe_recall(hit)
+        self.policy.observe_step(step.batch, step.drafted, step.verified, step.seconds, step.pruned)
