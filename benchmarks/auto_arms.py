@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import paradec
-from paradec.config import PLD_DRAFT
 from paradec.cpu.info import cpu_info
 from paradec.draft.auto import AutoDrafter
-from paradec.draft.ngram import NgramDrafter
+from paradec.draft.ngram import PLD_DRAFT, LookupOptions, NgramDrafter
 from paradec.policy.auto import AutoStats
-from paradec.zoo import companions, default_gguf, zoo_eagle
+from paradec.zoo import default_gguf, zoo_drafts, zoo_eagle, zoo_heads
 
 METHODS = ["ar", "pld", "auto", "auto-lookup-only"]
 
@@ -32,7 +31,9 @@ def lookup_only(engine, stats: AutoStats) -> AutoDrafter:
     """`auto` with prompt lookup (as `auto` configures it) and no model drafter."""
     gen = engine.config(method="auto")
     per_match, most = PLD_DRAFT[engine.quant]
-    return AutoDrafter({}, {}, NgramDrafter(gen.spec.max_ngram, most, 1, per_match=per_match), stats, gen.sampling)
+    return AutoDrafter(
+        {}, {}, NgramDrafter(gen.option(LookupOptions).max_ngram, most, 1, per_match=per_match), stats, gen.sampling
+    )
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     model = default_gguf()
-    drafts, heads = companions(model)
+    drafts, heads = zoo_drafts(model), zoo_heads(model)
     engine = paradec.load(model, drafts=drafts, heads=heads, eagle=zoo_eagle(model))
     questions = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     prompts = [q["turns"][0] for q in questions[::12][: args.n]]

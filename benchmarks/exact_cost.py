@@ -19,7 +19,7 @@ from pathlib import Path
 import paradec
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import machine, markdown_table
-from paradec.zoo import companions, default_gguf
+from paradec.zoo import default_gguf, zoo_drafts, zoo_heads
 
 METHODS = {
     "ar": {},
@@ -42,7 +42,7 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     model = default_gguf()
-    drafts, heads = companions(model)
+    drafts, heads = zoo_drafts(model), zoo_heads(model)
     engine = paradec.load(model, dtype="bf16", drafts=drafts[:1], heads=heads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
     convs = [[{"role": "user", "content": p.text}] for p in prompts]

@@ -64,7 +64,7 @@ def main() -> int:
         {
             "command": " ".join(sys.argv),
             "machine": machine(),
-            "early_layer": engine.heads.early_layer,
+            "early_layer": engine.companions["heads"].early_layer,
             "rows": rows,
             "table": table,
         },

@@ -53,7 +53,7 @@ def step_costs(engine, prompts: list[str], max_new_tokens: int) -> dict[int, flo
 def positions(engine, prompts: list[str], max_new_tokens: int):
     """-> per decoding position: (head top-R probs [heads][R], head top-R ids [heads][R], the
     target's next tokens after the root [heads])."""
-    model, heads = engine.model, engine.heads
+    model, heads = engine.model, engine.companions["heads"]
     depth = len(heads.medusa.blocks)
     out = []
     for prompt in prompts:

@@ -25,7 +25,7 @@ import torch
 import paradec
 from paradec import methods
 from paradec.bench.prompts import load_prompts
-from paradec.zoo import bundled_aspd, companions, default_gguf, zoo_eagle
+from paradec.zoo import bundled_aspd, default_gguf, zoo_drafts, zoo_eagle, zoo_heads
 
 
 def _done(path: Path) -> set[tuple[str, int, int]]:
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
     done = _done(path)
     prompts = [p.text for p in load_prompts(args.prompts, limit=args.n, per_category=args.per_category)]
     model = default_gguf()
-    drafts, heads = companions(model)
+    drafts, heads = zoo_drafts(model), zoo_heads(model)
     names = [m.name for m in methods.methods() if m.decode is None]
     own = [m.name for m in methods.methods() if m.decode is not None]
     engines = [(paradec.load(model, quant="int4", drafts=drafts[:1], heads=heads, eagle=zoo_eagle(model)), names)]

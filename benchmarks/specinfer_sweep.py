@@ -19,7 +19,7 @@ import time
 import paradec
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import machine, markdown_table, mean_rows, write_json
-from paradec.zoo import companions, default_gguf
+from paradec.zoo import default_gguf, zoo_drafts
 
 CONFIGS = [  # (label, number of SSMs, options)
     ("pld", 0, dict(method="pld")),
@@ -45,7 +45,7 @@ def main() -> int:
     args = ap.parse_args()
     model = args.model or default_gguf()
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
-    ssms, _ = companions(model)
+    ssms = zoo_drafts(model)
     engines = {n: paradec.load(model, dtype="bf16", drafts=ssms[:n]) for n in range(len(ssms) + 1)}
     configs = [c for c in CONFIGS if c[1] <= len(ssms)]
     chat = engines[0].tokenizer.has_chat_template

@@ -1,7 +1,8 @@
 """Frozen configuration records, built once at the edge (CLI, ``paradec.load``) and passed down.
 
-``ModelConfig`` is read from a Hugging Face ``config.json``; ``SamplingConfig`` and
-``GenerationConfig`` describe one ``generate`` call. Nothing below the edge reads globals or
+``ModelConfig`` is read from a Hugging Face ``config.json``; ``SamplingConfig``, ``AcceptConfig``
+and ``GenerationConfig`` describe one ``generate`` call (a method's own options are records of
+its own, declared beside its drafter: ``paradec.options``). Nothing below the edge reads globals or
 environment variables.
 """
 
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from paradec.errors import ParadecError
+from paradec.options import option
 
 # HF architecture name -> (bias on q/k/v projections, bias on o projection) decided per family.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -203,26 +206,6 @@ ACCEPTORS = ("mss", "naive", "typical")
 # The most nodes one step may verify: a tree past this costs more than it can accept on any
 # hardware we measured, and its scratch slots are reserved in every row's KV cache.
 MAX_TREE_NODES = 64
-# Prompt lookup's chain by weight format: (tokens per matched suffix token, most tokens). A longer
-# suffix match is a surer one, so a 1-token match drafts little and a 4-token one the most. A bf16
-# pass verifies up to 8 tokens for about the price of an `ar` step (2-core CPU, benchmarks/pass_cost.py:
-# 1.16x at 8 rows, 1.54x at 16); the packed int8/int4 kernels' cost grows with the rows (1.13-1.25x at
-# 4, 1.7-1.9x at 8), so there 1 token per matched token, at most 4. Replayed on SmolLM2's own answers
-# to 105 Spec-Bench prompts (benchmarks/pld_replay.py), 4 x match length up to 16 commits 9 % more
-# tokens per unit of pass cost than the fixed 8 it replaced in bf16 (2.33x vs 2.13x `ar`), and the
-# same as the fixed 3 it replaced in int4 (1.59x vs 1.58x). A fixed table, not a measurement at load,
-# so a seed fixes sampled output. ``--num-draft N`` drafts exactly N instead. eagle+ngram's lookup
-# chain (on a match of 2+ tokens) follows the same table.
-PLD_DRAFT = {"none": (4, 16), "int8": (1, 4), "int4": (1, 4)}
-# Medusa's static tree size when the heads do not say what they were tuned for
-DEFAULT_TREE_NODES = 16
-# EAGLE-2's verified nodes (its m): on a 2-core CPU in bf16 a 9-row pass costs ~1.2 `ar` steps and a
-# 17-row one ~1.5, and the top 8 by draft confidence hold most of what the tree gets accepted (SmolLM2,
-# Spec-Bench: m = 8 1.18x `ar`, m = 16 1.06x; benchmarks/README.md). EAGLE-2 uses 60 on a GPU.
-EAGLE_TREE_NODES = 8
-# eagle+ngram: a prompt-lookup match of at least this many suffix tokens replaces the EAGLE tree for
-# the step (its chain is free to draft; the head catches up on the committed pairs at its next step)
-EAGLE_LOOKUP_MIN_NGRAM = 2
 
 
 def expansion_nodes(expansion: tuple[int, ...]) -> int:
@@ -235,70 +218,49 @@ def expansion_nodes(expansion: tuple[int, ...]) -> int:
 
 
 @dataclass(frozen=True)
-class SpecConfig:
-    """Token-tree drafting and verification (SpecInfer, prompt lookup)."""
+class AcceptConfig:
+    """How a sampled step accepts draft tokens (greedy acceptance is always exact match)."""
 
-    expansion: tuple[int, ...] = (1, 1, 3, 1, 1, 1, 1, 1)  # SSM children per level
-    with_ngram: bool = False  # prompt lookup too: merged into the SSM tree; instead of EAGLE's on a long match
-    max_ngram: int = 4  # longest suffix prompt lookup matches
-    num_draft: int | None = None  # prompt-lookup tokens per branch (None: by match length, PLD_DRAFT)
-    ngram_branches: int = 1  # distinct prompt-lookup continuations
-    acceptor: str = "mss"  # sampling acceptance: "mss", "naive", or "typical" (lossy; greedy is exact match)
-    typical_epsilon: float = 0.09  # typical acceptance: p(x) > min(epsilon, delta * exp(-entropy))
-    typical_delta: float = 0.3
-    tree_nodes: int | None = None  # medusa: static tree size (None: what the heads were tuned for)
-    prune: bool = False  # ProPD early pruning inside the verification pass (propd: on)
-    prune_topk: int = 8  # keep a node iff its token is in its parent's early-head top-k
-    dynamic: bool = False  # ProPD: choose the tree size each step with the cost model (propd: on)
-    step_scores: bool = False  # ProPD option: score nodes by this step's head probabilities, calibrated online
-    deterministic: bool = False  # medusa/propd: a fixed-size tree from statistics that start at the prior each
-    # call, never from measured time, so a seed fixes sampled text (propd: pruning on every pass)
-    title_retries: int = 3  # ASPD: times a title that repeats the plan is decoded again (0: it ends the plan)
-    eagle_topk: int = 4  # EAGLE: children per expanded node, nodes expanded per depth
-    eagle_depth: int = 5  # EAGLE: depth of the drafted tree
-    aspd_draft: int = 0  # ASPD: prompt-lookup tokens drafted after every branch / serial token (aspd+spec: 4)
+    acceptor: str = option(
+        "mss", "sampling acceptance (typical is LOSSY: Medusa's typical acceptance)", choices=ACCEPTORS
+    )
+    typical_epsilon: float = option(0.09, "typical acceptance: p(x) > min(epsilon, delta * exp(-entropy))")
+    typical_delta: float = option(0.3, "typical acceptance: see --typical-epsilon")
 
     def __post_init__(self) -> None:
-        if self.tree_nodes is not None and not 0 <= self.tree_nodes <= MAX_TREE_NODES:
-            raise ParadecError(f"tree_nodes must be in [0, {MAX_TREE_NODES}], got {self.tree_nodes}")
-        if self.prune_topk < 1:
-            raise ParadecError(f"prune_topk must be >= 1, got {self.prune_topk}")
-        if not self.expansion or any(k < 1 for k in self.expansion):
-            raise ParadecError(f"expansion must be a non-empty list of integers >= 1, got {self.expansion}")
-        if expansion_nodes(self.expansion) > MAX_TREE_NODES:
-            raise ParadecError(
-                f"expansion {','.join(map(str, self.expansion))} makes a tree of "
-                f"{expansion_nodes(self.expansion)} nodes per SSM; the limit is {MAX_TREE_NODES}: "
-                "use fewer or narrower levels"
-            )
-        draft = max(most for _, most in PLD_DRAFT.values()) if self.num_draft is None else self.num_draft
-        if draft > MAX_TREE_NODES or self.ngram_branches * draft > MAX_TREE_NODES:
-            raise ParadecError(f"num_draft x ngram_branches must be <= {MAX_TREE_NODES}")
-        if self.max_ngram < 1 or draft < 1 or self.ngram_branches < 1:
-            raise ParadecError("ngram, num_draft and ngram_branches must be >= 1")
-        if self.title_retries < 0:
-            raise ParadecError(f"title_retries must be >= 0, got {self.title_retries}")
-        if not (1 <= self.eagle_topk <= 16 and 1 <= self.eagle_depth <= 16):
-            raise ParadecError("eagle_topk and eagle_depth must be in [1, 16]")
-        if not 0 <= self.aspd_draft <= MAX_TREE_NODES:
-            raise ParadecError(f"aspd_draft must be in [0, {MAX_TREE_NODES}], got {self.aspd_draft}")
         if self.acceptor not in ACCEPTORS:
             raise ParadecError(f"unknown acceptor {self.acceptor!r}; choose one of {', '.join(ACCEPTORS)}")
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
-    """One ``generate`` call: length, stopping, sampling, and the decoding method."""
+    """One ``generate`` call: length, stopping, sampling, and the decoding method with its options."""
 
     max_new_tokens: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     method: str = "ar"
-    spec: SpecConfig = field(default_factory=SpecConfig)
+    accept: AcceptConfig = field(default_factory=AcceptConfig)
+    # trees sized from this call's own statistics, never from measured time (a cost model's, the
+    # statistics kept across calls): a seed then fixes sampled text
+    deterministic: bool = False
+    options: tuple[Any, ...] = ()  # the method's options records (``paradec.options``), one per kind
 
     def __post_init__(self) -> None:
         if any(not s for s in self.stop):
             raise ParadecError("a stop string is empty; pass non-empty stop strings")
         if self.max_new_tokens < 1:
             raise ParadecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def option(self, kind: type[T]) -> T:
+        """The method's ``kind`` options (its defaults where the method has none of that kind)."""
+        return next((o for o in self.options if type(o) is kind), None) or kind()
+
+    def with_option(self, kind: type, **changes: Any) -> GenerationConfig:
+        """This config with ``changes`` to its ``kind`` options."""
+        others = tuple(o for o in self.options if type(o) is not kind)
+        return replace(self, options=(*others, replace(self.option(kind), **changes)))

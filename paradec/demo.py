@@ -18,13 +18,8 @@ import paradec
 from paradec import methods as registry
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import markdown_table
-from paradec.zoo import bundled, companions, default_gguf, zoo_eagle
-
-# the registered methods shown (those whose drafters ship in the zoo; each system once, not its
-# variants, so the first command stays short): auto, which picks among the others each step, first;
-# SpecInfer with one SSM and a 4-deep chain
-SHOWN = ("ar", "auto", "specinfer", "pld", "medusa", "propd", "eagle", "eagle+ngram")
-OPTIONS = {"specinfer": {"expansion": (1, 1, 1, 1)}, "specinfer+ngram": {"expansion": (1, 1, 1, 1)}}
+from paradec.companions import loadable
+from paradec.zoo import bundled, default_gguf
 
 
 def run_demo(
@@ -32,27 +27,27 @@ def run_demo(
     dtype: str = "auto",
     model: str | Path | None = None,
     aspd: bool = False,
-    out=sys.stdout,
+    out=None,
     quant: str = "auto",
 ) -> list[dict]:
+    out = out or sys.stdout  # looked up at the call: a stream bound at import may be gone since
     model = model if model is not None else default_gguf()
-    drafts, heads = companions(model)
+    shown = [m for m in registry.methods() if m.demo is not None and m.lossless and m.decode is None]
+    wanted = set().union(*(m.loads for m in shown))
+    shipped = {c: c.zoo(model) if c.zoo else None for c in loadable() if c.name in wanted}  # the zoo's, for it
+    given = {c.name: (v[:1] if c.many else v) for c, v in shipped.items() if v}  # of a pool, the fastest
     print(f"paradec demo: loading {Path(str(model)).name} (a GGUF file is converted once and cached)", file=out)
-    engine = paradec.load(model, dtype=dtype, drafts=drafts[:1], heads=heads, eagle=zoo_eagle(model), quant=quant)
+    engine = paradec.load(model, dtype=dtype, quant=quant, **given)
     prompts = load_prompts(files("paradec") / "data" / "demo_chat.jsonl")
     chat = engine.tokenizer.has_chat_template
     convs = [[{"role": "user", "content": p.text}] if chat else p.text for p in prompts]
-    methods = {
-        name: {"method": name, **OPTIONS.get(name, {})}
-        for name in SHOWN
-        if registry.get(name).lossless and not registry.get(name).missing(engine)
-    }
+    methods = {m.name: {"method": m.name, **m.demo} for m in shown if not m.missing(engine)}
     engine.generate(convs[0], max_new_tokens=4)  # warm-up
     rows = []
+    loaded = ", ".join(c.summary for c in loadable() if engine.companions.get(c.name)) or "no drafters"
     print(
-        f"{len(engine.drafts)} SSM, {'Medusa heads' if engine.heads else 'no heads'}, "
-        f"{'an EAGLE head' if engine.eagle else 'no EAGLE head'}; greedy, up to {max_new_tokens} new tokens per "
-        f"answer\nformat {engine.format.name} ({engine.format.reason})\n",
+        f"{loaded}; greedy, up to {max_new_tokens} new tokens per answer\n"
+        f"format {engine.format.name} ({engine.format.reason})\n",
         file=out,
     )
     for p, conv in zip(prompts, convs):
@@ -107,10 +102,11 @@ def _shares(drafters: dict[str, int]) -> str:
     return ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(drafters.items(), key=lambda kv: -kv[1]))
 
 
-def aspd_demo(max_new_tokens: int, dtype: str, out=sys.stdout, n_prompts: int = 2) -> list[dict]:
+def aspd_demo(max_new_tokens: int, dtype: str, out=None, n_prompts: int = 2) -> list[dict]:
     """The bundled ASPD model on code followed by independent functions (held-out stdlib files):
     hybrid decoding vs its own `ar`. Not a lossless method: the fine-tuned model's text is the
     product, so the comparison is speed and how much ran in parallel."""
+    out = out or sys.stdout
     engine = paradec.load(bundled("aspd", "adapter.json"), dtype=dtype)
     prompts = load_prompts("stdlib:heldout", n_prompts)
     print(

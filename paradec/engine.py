@@ -14,18 +14,18 @@ import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from paradec import methods
+from paradec import companions, methods
 from paradec.config import GenerationConfig, ModelConfig
 from paradec.cpu import DTYPES, FormatChoice, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
-from paradec.draft import Drafter
+from paradec.draft import Drafter, NgramDrafter, TreeDrafter
+from paradec.draft.ngram import PLD_DRAFT
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
-from paradec.models.eagle import EagleHead, load_eagle
 from paradec.models.gguf import is_gguf, paradec_home, resolve_model
-from paradec.models.heads import Heads, load_heads
 from paradec.models.llamacpp import BACKENDS, LlamaCppModel, llamacpp_cost
 from paradec.models.llamacpp import available as llamacpp_available
 from paradec.models.quant import QUANTS, quantize_linears
@@ -46,56 +46,19 @@ class Engine:
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.device = torch.device("cpu") if model.backend == "llamacpp" else model.embed.weight.device
-        self.drafts: list[Transformer] = []
-        self.heads: Heads | None = None
-        self.eagle: EagleHead | None = None  # EAGLE's draft head (shares this model's embedding and LM head)
+        self.companions: dict[str, Any] = {}  # what was loaded beside it, by name (``paradec.companions``)
         self.quant = "none"  # weight format of the target's linears (``load(quant=...)``)
         self.policies: dict[tuple, TreePolicy] = {}  # ProPD's online statistics, per configuration
         self.budget: BatchBudget | None = BatchBudget()  # how much of a batch's greedy trees to verify
         self.cost: PassCost | None = None  # the measured pass-cost curve of the format it runs in (``paradec.cpu``)
         self.format: FormatChoice | None = None  # which format, and why (``load``)
 
-    def load_heads(self, path: str | Path) -> None:
-        """Load Medusa heads (+ the early-pruning head) trained for this target."""
-        cfg = self.model.config
-        self.heads = load_heads(path, cfg.hidden_size, cfg.rms_norm_eps, self.model.embed.weight.dtype, self.device)
-
-    def load_eagle(self, path: str | Path) -> None:
-        """Load an EAGLE draft head trained for this target (``paradec train eagle``)."""
-        self.eagle = load_eagle(path, self.model.config, self.model.embed.weight.dtype, self.device)
-        if self.device.type == "cpu":  # a draft reads 1-4 rows a pass: int8 weights ~1.7x faster there; its
-            quantize_linears(self.eagle, "int8")  # rounding changes what is proposed, never what is verified
-
-    def load_drafts(self, paths: list[str | Path]) -> None:
-        """Load SSMs for ``specinfer``; each must share the target's tokenizer."""
-        target_vocab = self.tokenizer.hf.get_vocab()
-        dtype = self.model.embed.weight.dtype
-        for path in paths:
-            if not Path(path).is_dir():
-                raise ParadecError(
-                    f"draft directory {str(path)!r} does not exist; pass drafts=PATH to a "
-                    "Hugging Face-format draft model that shares the target's tokenizer"
-                )
-            if not (Path(path) / "config.json").is_file():  # not the target's "pass model=PATH"
-                raise ParadecError(
-                    f"draft directory {str(path)!r} has no config.json; pass drafts=PATH to a "
-                    "Hugging Face-format draft model directory"
-                )
-            draft = load_model(path, dtype, self.device)
-            draft.set_exact(False)  # a draft's rounding never reaches the output
-            quantize_linears(draft, self.quant)
-            if draft.config.vocab_size != self.model.config.vocab_size:
-                raise ParadecError(
-                    f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "
-                    f"{self.model.config.vocab_size}; a draft must share the target's tokenizer"
-                )
-            if (Path(path) / "tokenizer.json").is_file():
-                if load_tokenizer(Path(path), ()).hf.get_vocab() != target_vocab:
-                    raise ParadecError(
-                        f"draft {path} has a different tokenizer from the target; "
-                        "a draft must share the target's tokenizer"
-                    )
-            self.drafts.append(draft)
+    def load_companion(self, name: str, value: Any) -> None:
+        """Load companion ``name`` (a path, or paths) beside this target (``paradec.companions``)."""
+        companion = companions.get(name)
+        if companion.load is None:
+            raise ParadecError(f"{companion.summary} is not loaded from a file of its own")
+        self.companions[name] = companion.load(self, value)
 
     # ---- public API -------------------------------------------------------------------------
     def generate(
@@ -169,12 +132,15 @@ class Engine:
         return gen
 
     def warmup(self) -> None:
-        """Set the kernels up: a few `ar` steps and prompt-lookup trees (on a repeated pattern)."""
+        """Set the kernels up: a few `ar` steps, and tree passes where this runtime verifies trees
+        (prompt lookup's chains on a repeated pattern; the batch budget learns their cost)."""
         vocab = self.model.config.vocab_size
         ids = [t % vocab for t in (11, 12, 13) * 4]
         self.generate(ids, max_new_tokens=2, ignore_eos=True)
-        if self.model.backend in methods.get("pld").backends:
-            self.generate(ids, method="pld", max_new_tokens=4, ignore_eos=True)
+        if self.model.backend == "torch":
+            per_match, most = PLD_DRAFT[self.quant]
+            lookup = TreeDrafter([], NgramDrafter(4, most, 1, per_match=per_match))
+            self.generate(ids, drafter=lookup, max_new_tokens=4, ignore_eos=True)
 
     # ---- the loop (paradec.scheduler) ------------------------------------------------------
     def _decode(self, rows: list[Row], gen: GenerationConfig, drafter: Drafter | None = None) -> Iterator[StepEvent]:
@@ -251,9 +217,6 @@ def load(
     model_dir: str | Path,
     dtype: str | torch.dtype = "auto",
     device: str = "cpu",
-    drafts: list[str | Path] = (),
-    heads: str | Path | None = None,
-    eagle: str | Path | None = None,
     exact: bool = True,
     quant: str = "auto",
     quant_head: str | None = None,
@@ -263,9 +226,11 @@ def load(
     cost: PassCost | None = None,
     backend: str | None = None,
     methods_used: tuple[str, ...] | None = None,
+    **companions_given: Any,
 ) -> Engine:
-    """Load a Hugging Face-format Llama/Qwen2/Mistral directory or a GGUF file (and the draft
-    models, Medusa heads, EAGLE head a method needs) into an ``Engine``.
+    """Load a Hugging Face-format Llama/Qwen2/Mistral directory or a GGUF file (and what a method
+    loads beside it, by companion name: ``drafts=[PATH, ...]``, ``heads=PATH``, ``eagle=PATH``;
+    ``paradec.companions``) into an ``Engine``.
 
     ``dtype`` / ``quant`` "auto": measure this CPU once (``paradec.cpu``, cached under
     ``$PARADEC_HOME/profiles``) and take the format with the cheapest `ar` step; or bf16 / fp32
@@ -286,14 +251,13 @@ def load(
     _check_load_args(threads, dtype, device, quant, quant_head)
     if threads is not None:
         torch.set_num_threads(threads)
-    if isinstance(drafts, (str, Path)):  # one draft model, not the characters of its path
-        drafts = [drafts]
+    given = _companions_given(companions_given)
     asked = backend or os.environ.get("PARADEC_BACKEND") or "auto"
     if asked not in BACKENDS:
         raise ParadecError(f"unknown backend {asked!r}; use {', '.join(BACKENDS)}")
     source = Path(model_dir)
     optional = methods.only_uses_drafters(methods_used)  # auto's: not loaded if llama.cpp runs the model
-    torch_only = _torch_only(drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used, optional)
+    torch_only = _torch_only(given, dtype, quant, quant_head, device, exact, methods_used, optional)
     if asked == "llamacpp":
         _check_llamacpp(source, torch_only)
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
@@ -305,7 +269,7 @@ def load(
         if lc_choice is not None:
             engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
             return _finish_load(engine, lc_choice, cost, batch_budget, warmup)
-    engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, drafts, heads, eagle)
+    engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given)
     return _finish_load(engine, choice, cost, batch_budget, warmup)
 
 
@@ -314,30 +278,35 @@ def load(
 AUTO_MARGIN = 2.0
 
 
-def _engine_on_torch(model_dir: Path, choice: FormatChoice, device, exact, quant_head, drafts, heads, eagle) -> Engine:
-    """The target in the chosen format on paradec's runtime, with the drafters asked for."""
+def _companions_given(given: dict[str, Any]) -> dict[str, Any]:
+    """``load``'s companion keywords that name something (None and empty lists name nothing)."""
+    known = {c.name for c in companions.loadable()}
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        raise TypeError(f"load() got an unexpected keyword argument {unknown[0]!r}; companions: {', '.join(known)}")
+    return {name: value for name, value in given.items() if value is not None and value != [] and value != ()}
+
+
+def _engine_on_torch(model_dir: Path, choice: FormatChoice, device, exact, quant_head, given: dict) -> Engine:
+    """The target in the chosen format on paradec's runtime, with the companions asked for."""
     model = load_model(model_dir, choice.dtype, device)
     model.set_exact(exact)
     quantize_linears(model, choice.quant, quant_head)
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
     engine.quant = choice.quant  # draft models get the target's weight format
-    engine.load_drafts(list(drafts))
-    if heads is not None:
-        engine.load_heads(heads)
-    if eagle is not None:
-        engine.load_eagle(eagle)
+    for c in companions.loadable():  # in registration order
+        if c.name in given:
+            engine.load_companion(c.name, given[c.name])
     return engine
 
 
 def _torch_only(
-    drafts, heads, eagle, dtype, quant, quant_head, device, exact, methods_used, optional: bool = False
+    given: dict, dtype, quant, quant_head, device, exact, methods_used, optional: bool = False
 ) -> list[str]:
     """What was asked for that only paradec's torch runtime runs (llama.cpp runs `ar` alone);
-    ``optional``: the drafters are ones the methods only use (auto), not needs."""
+    ``optional``: the companions are ones the methods only use (auto), not needs."""
     asks = {
-        "drafts": bool(drafts) and not optional,
-        "heads": heads is not None and not optional,
-        "eagle": eagle is not None and not optional,
+        **{name: not optional for name in given},
         "dtype": dtype != "auto",
         "quant": quant != "auto" or quant_head is not None,
         "device": device != "cpu",

@@ -7,38 +7,42 @@ method's factory may live here or in its own module.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
-from paradec.config import (
-    DEFAULT_TREE_NODES,
-    EAGLE_LOOKUP_MIN_NGRAM,
-    EAGLE_TREE_NODES,
-    PLD_DRAFT,
-    GenerationConfig,
-)
+import torch
+
+from paradec.companions import Companion, register
+from paradec.config import GenerationConfig
 from paradec.cpu import PassCost
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
 from paradec.draft.auto import AutoDrafter
-from paradec.draft.eagle import EagleCostModel, EagleDrafter
-from paradec.models import Transformer
-from paradec.models.eagle import EagleHead
-from paradec.models.heads import Heads
+from paradec.draft.base import DEFAULT_TREE_NODES, EAGLE_TREE_NODES, TreeOptions
+from paradec.draft.eagle import EAGLE_LOOKUP_MIN_NGRAM, EagleCostModel, EagleDrafter, EagleOptions
+from paradec.draft.heads import PruneOptions
+from paradec.draft.model import SsmOptions
+from paradec.draft.ngram import PLD_DRAFT, LookupOptions
+from paradec.errors import ParadecError
+from paradec.models import Transformer, load_model
+from paradec.models.eagle import load_eagle
+from paradec.models.heads import load_heads
+from paradec.models.quant import quantize_linears
+from paradec.parallel.grammar import Specials
 from paradec.policy import TreePolicy
 from paradec.policy.auto import AutoStats
 from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
 from paradec.state import Split
-from paradec.tokenizer import Tokenizer
+from paradec.tokenizer import Tokenizer, load_tokenizer
+from paradec.zoo import zoo_drafts, zoo_eagle, zoo_heads
 
 
 class Target(Protocol):
-    """What a factory may read from the loaded engine."""
+    """What a factory (and a companion's loader) may read from the loaded engine."""
 
     model: Transformer
     tokenizer: Tokenizer
-    drafts: list[Transformer]
-    heads: Heads | None
-    eagle: EagleHead | None
+    device: torch.device
+    companions: dict[str, Any]  # what was loaded beside the target, by companion name (``paradec.companions``)
     policies: dict[tuple, TreePolicy]  # ProPD's online statistics, kept across calls
     quant: str  # the target's weight format (models.quant)
     cost: PassCost | None  # what a pass of each width costs on this CPU (paradec.cpu), policies' prior
@@ -50,12 +54,12 @@ def root(target: Target, gen: GenerationConfig) -> Drafter:
 
 def ngram(gen: GenerationConfig, quant: str, min_ngram: int = 1) -> NgramDrafter:
     """Prompt lookup: its chain grows with the matched suffix (PLD_DRAFT), or ``num_draft`` tokens."""
-    spec = gen.spec
-    max_ngram = max(spec.max_ngram, min_ngram)
-    if spec.num_draft is not None:  # a fixed chain length
-        return NgramDrafter(max_ngram, spec.num_draft, spec.ngram_branches, min_ngram)
+    opts = gen.option(LookupOptions)
+    max_ngram = max(opts.max_ngram, min_ngram)
+    if opts.num_draft is not None:  # a fixed chain length
+        return NgramDrafter(max_ngram, opts.num_draft, opts.ngram_branches, min_ngram)
     per_match, most = PLD_DRAFT[quant]
-    return NgramDrafter(max_ngram, most, spec.ngram_branches, min_ngram, per_match=per_match)
+    return NgramDrafter(max_ngram, most, opts.ngram_branches, min_ngram, per_match=per_match)
 
 
 def pld(target: Target, gen: GenerationConfig) -> Drafter:
@@ -63,34 +67,34 @@ def pld(target: Target, gen: GenerationConfig) -> Drafter:
 
 
 def specinfer(target: Target, gen: GenerationConfig) -> Drafter:
-    models = [ModelDrafter(m, gen.spec.expansion, gen.sampling) for m in target.drafts]
-    return TreeDrafter(models, ngram(gen, target.quant) if gen.spec.with_ngram else None)
+    models = [ModelDrafter(m, gen.option(SsmOptions).expansion, gen.sampling) for m in target.companions["drafts"]]
+    return TreeDrafter(models, ngram(gen, target.quant) if gen.option(LookupOptions).with_ngram else None)
 
 
 def heads(target: Target, gen: GenerationConfig) -> Drafter:
     """Medusa heads propose rank paths; ProPD's policy sizes the tree (static for Medusa)."""
-    spec, heads = gen.spec, target.heads
+    tree, prune, heads = gen.option(TreeOptions), gen.option(PruneOptions), target.companions["heads"]
     prior = heads.rank_accuracy or rank_prior(len(heads.medusa.blocks))
     static = (
         None
-        if spec.dynamic and not spec.deterministic
-        else (spec.tree_nodes if spec.tree_nodes is not None else heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
+        if tree.dynamic and not gen.deterministic
+        else (tree.tree_nodes if tree.tree_nodes is not None else heads.meta.get("tree_nodes", DEFAULT_TREE_NODES))
     )
-    lower = heads.early_layer / target.model.config.num_layers if spec.prune else None
+    lower = heads.early_layer / target.model.config.num_layers if prune.prune else None
     recalls = heads.meta.get("early_topk_recall") or [EARLY_RECALL_PRIOR]
-    recall = recalls[min(spec.prune_topk, len(recalls)) - 1]
+    recall = recalls[min(prune.prune_topk, len(recalls)) - 1]
     # The policy's statistics (rank acceptance, early-head recall, latency) describe this model
     # on this machine, not one request: they carry over from call to call, so only the first
     # request pays for probing tree sizes.
-    step_scores = spec.step_scores and static is None
-    if spec.deterministic:  # this call's statistics only: the tree depends on the seed's draws alone
+    step_scores = prune.step_scores and static is None
+    if gen.deterministic:  # this call's statistics only: the tree depends on the seed's draws alone
         policy = TreePolicy(prior, static, lower_share=lower, recall=recall, curve=target.cost)
     else:
-        key = (id(heads), static, lower, spec.prune_topk, step_scores)
+        key = (id(heads), static, lower, prune.prune_topk, step_scores)
         if key not in target.policies:
             target.policies[key] = TreePolicy(prior, static, lower_share=lower, recall=recall, curve=target.cost)
         policy = target.policies[key]
-    split = Split(heads.early, heads.early_layer, spec.prune_topk) if spec.prune else None
+    split = Split(heads.early, heads.early_layer, prune.prune_topk) if prune.prune else None
     return HeadDrafter(
         heads,
         target.model.lm_head,
@@ -105,24 +109,15 @@ def heads(target: Target, gen: GenerationConfig) -> Drafter:
 def eagle(target: Target, gen: GenerationConfig) -> Drafter:
     """EAGLE-2: the draft head's dynamic tree; its size fixed, or ProPD's cost model's (per target,
     like ProPD's policy: it describes this model on this machine)."""
-    spec = gen.spec
+    tree, head = gen.option(TreeOptions), target.companions["eagle"]
     cost = None
-    if spec.dynamic and not spec.deterministic:  # deterministic: the fixed size, so a seed fixes the text
-        key = ("eagle", id(target.eagle))
-        cost = target.policies.setdefault(key, EagleCostModel(curve=target.cost))
-    nodes = spec.tree_nodes if spec.tree_nodes is not None else EAGLE_TREE_NODES
-    lookup = ngram(gen, target.quant, EAGLE_LOOKUP_MIN_NGRAM) if spec.with_ngram else None
-    return EagleDrafter(
-        target.eagle,
-        target.model.embed,
-        target.model.lm_head,
-        gen.sampling,
-        spec.eagle_topk,
-        spec.eagle_depth,
-        nodes,
-        cost,
-        lookup,
-    )
+    if tree.dynamic and not gen.deterministic:  # deterministic: the fixed size, so a seed fixes the text
+        cost = target.policies.setdefault(("eagle", id(head)), EagleCostModel(curve=target.cost))
+    nodes = tree.tree_nodes if tree.tree_nodes is not None else EAGLE_TREE_NODES
+    lookup = ngram(gen, target.quant, EAGLE_LOOKUP_MIN_NGRAM) if gen.option(LookupOptions).with_ngram else None
+    opts = gen.option(EagleOptions)
+    embed, lm_head = target.model.embed, target.model.lm_head
+    return EagleDrafter(head, embed, lm_head, gen.sampling, opts.eagle_topk, opts.eagle_depth, nodes, cost, lookup)
 
 
 def auto(target: Target, gen: GenerationConfig) -> Drafter:
@@ -131,20 +126,22 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
     across calls (``deterministic``: this call's alone, and no timings)."""
     if target.model.backend != "torch":  # llama.cpp's runtime verifies no trees: `ar`
         return AutoDrafter({}, {}, None, AutoStats(frozen=True), gen.sampling)
-    fixed = replace(gen, spec=replace(gen.spec, dynamic=False, prune=False, with_ngram=False))
+    fixed = gen.with_option(TreeOptions, dynamic=False).with_option(PruneOptions, prune=False)
+    fixed = fixed.with_option(LookupOptions, with_ngram=False)
     arms: dict[str, Drafter] = {}
     sizes: dict[str, int] = {}
-    if target.eagle is not None:
-        arms["eagle"], sizes["eagle"] = eagle(target, fixed), gen.spec.tree_nodes or EAGLE_TREE_NODES
-    if target.heads is not None:
+    loaded, tree_nodes = target.companions, gen.option(TreeOptions).tree_nodes
+    if loaded.get("eagle") is not None:
+        arms["eagle"], sizes["eagle"] = eagle(target, fixed), tree_nodes or EAGLE_TREE_NODES
+    if loaded.get("heads") is not None:
         arms["medusa"] = heads(target, fixed)
-        sizes["medusa"] = gen.spec.tree_nodes or target.heads.meta.get("tree_nodes", DEFAULT_TREE_NODES)
-    if target.drafts:
+        sizes["medusa"] = tree_nodes or loaded["heads"].meta.get("tree_nodes", DEFAULT_TREE_NODES)
+    if loaded.get("drafts"):
         arms["specinfer"] = specinfer(target, fixed)
         sizes["specinfer"] = arms["specinfer"].max_nodes
     per_match, most = PLD_DRAFT["none"]  # the longest chains: auto verifies what pays of them
-    lookup = NgramDrafter(gen.spec.max_ngram, most, 1, per_match=per_match)
-    if gen.spec.deterministic:
+    lookup = NgramDrafter(gen.option(LookupOptions).max_ngram, most, 1, per_match=per_match)
+    if gen.deterministic:
         stats = AutoStats(target.cost, frozen=True)
     else:
         stats = target.policies.setdefault(("auto",), AutoStats(target.cost))
@@ -161,3 +158,96 @@ def aspd_stream(engine, prompt: list[int], gen: GenerationConfig):
     from paradec.parallel.generate import stream_aspd
 
     return stream_aspd(engine, prompt, gen)
+
+
+# ---- the shipped companions: what the methods above load beside the target ----------------------
+def load_drafts(target: Target, paths: list[str | Path]) -> list[Transformer]:
+    """SSMs for ``specinfer``, in the target's weight format; each must share the target's tokenizer."""
+    vocab, dtype, out = target.tokenizer.hf.get_vocab(), target.model.embed.weight.dtype, []
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:  # one path, not its characters
+        if not Path(path).is_dir():
+            raise ParadecError(
+                f"draft directory {str(path)!r} does not exist; pass drafts=PATH to a "
+                "Hugging Face-format draft model that shares the target's tokenizer"
+            )
+        if not (Path(path) / "config.json").is_file():  # not the target's "pass model=PATH"
+            raise ParadecError(
+                f"draft directory {str(path)!r} has no config.json; pass drafts=PATH to a "
+                "Hugging Face-format draft model directory"
+            )
+        draft = load_model(path, dtype, target.device)
+        draft.set_exact(False)  # a draft's rounding never reaches the output
+        quantize_linears(draft, target.quant)
+        if draft.config.vocab_size != target.model.config.vocab_size:
+            raise ParadecError(
+                f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "
+                f"{target.model.config.vocab_size}; a draft must share the target's tokenizer"
+            )
+        if (Path(path) / "tokenizer.json").is_file() and load_tokenizer(Path(path), ()).hf.get_vocab() != vocab:
+            raise ParadecError(
+                f"draft {path} has a different tokenizer from the target; a draft must share the target's tokenizer"
+            )
+        out.append(draft)
+    return out
+
+
+def load_medusa(target: Target, path: str | Path):
+    """Medusa heads (+ ProPD's early head) trained for this target (``paradec train heads``)."""
+    cfg = target.model.config
+    return load_heads(path, cfg.hidden_size, cfg.rms_norm_eps, target.model.embed.weight.dtype, target.device)
+
+
+def load_eagle_head(target: Target, path: str | Path):
+    """An EAGLE draft head trained for this target (``paradec train eagle``)."""
+    head = load_eagle(path, target.model.config, target.model.embed.weight.dtype, target.device)
+    if target.device.type == "cpu":  # a draft reads 1-4 rows a pass: int8 weights ~1.7x faster there; its
+        quantize_linears(head, "int8")  # rounding changes what is proposed, never what is verified
+    return head
+
+
+def _has_early_head(target: Target) -> bool:
+    heads = target.companions.get("heads")
+    return heads is not None and heads.early is not None
+
+
+def _writes_aspd_markup(target: Target) -> bool:
+    try:
+        Specials.from_tokenizer(target.tokenizer.hf)
+    except ParadecError:
+        return False
+    return True
+
+
+for _c in (
+    Companion(
+        "drafts",
+        "draft models",
+        "--draft",
+        "draft model (SSM) for specinfer; repeat to merge several",
+        load_drafts,
+        zoo_drafts,
+        many=True,
+    ),
+    Companion("heads", "Medusa heads", "--heads", "Medusa heads for medusa/propd", load_medusa, zoo_heads),
+    Companion(
+        "eagle",
+        "an EAGLE draft head",
+        "--eagle",
+        "EAGLE draft head for eagle, eagle+propd, eagle+ngram",
+        load_eagle_head,
+        zoo_eagle,
+    ),
+    Companion(
+        "early_head",
+        "an early head",
+        present=_has_early_head,
+        fix="these heads have none (load heads trained with one, or set prune=False)",
+    ),
+    Companion(
+        "aspd_model",
+        "a model fine-tuned for ASPD",
+        present=_writes_aspd_markup,
+        fix="pass model=PATH to one (its tokenizer has <|title|> ... <|/branch|>)",
+    ),
+):
+    register(_c)

@@ -1,38 +1,37 @@
 """The method registry: every decoding method is declared once, here or in its own module with
 one ``register`` call, and the engine, CLI, bench, demo and server all read it.
 
-A ``Method`` names what it needs loaded (draft models, Medusa heads, an early head), which
-sampling acceptors it supports, whether its output is the target's (lossless), the ``SpecConfig``
-options it sets, and how it decodes: a ``drafter`` factory for the shared propose -> verify ->
-accept -> commit loop, or a whole-``decode`` function for a method with its own loop (ASPD's
-hybrid decoder). Variants (``specinfer+ngram``, ProPD's ablations) are methods with options.
+A ``Method`` names what it needs loaded (``paradec.companions``: draft models, Medusa heads, an
+early head, an EAGLE head, a model fine-tuned for ASPD), the kinds of options it reads
+(``paradec.options``: frozen records whose fields become flags, request fields and keywords) and
+its values for them (``presets``), which sampling acceptors it supports, whether its output is the
+target's (lossless), and how it decodes: a ``drafter`` factory for the shared propose -> verify
+-> accept -> commit loop, or a whole-``decode`` function for a method with its own loop (ASPD's
+hybrid decoder). Variants (``specinfer+ngram``, ProPD's ablations) are methods with presets.
 
-    register(Method("mine", "my drafter", drafter=lambda target, gen: MyDrafter(...)))
+    register(Method("mine", "my drafter", drafter=lambda target, gen: MyDrafter(...), options=(MyOptions,)))
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
-from paradec import factories
-from paradec.config import ACCEPTORS, GenerationConfig, SamplingConfig, SpecConfig
+from paradec import companions, factories
+from paradec.config import ACCEPTORS, AcceptConfig, GenerationConfig, SamplingConfig
 from paradec.draft import Drafter
+from paradec.draft.base import TreeOptions
+from paradec.draft.eagle import EagleOptions
+from paradec.draft.heads import PruneOptions
+from paradec.draft.model import SsmOptions
+from paradec.draft.ngram import LookupOptions
 from paradec.errors import ParadecError
 from paradec.factories import Target
-from paradec.parallel.grammar import Specials
-
-# what a method may need loaded: draft models, Medusa heads, an early head, a model fine-tuned for it
-NEEDS = ("drafts", "heads", "early_head", "aspd_model", "eagle")
-
-
-def _writes_aspd_markup(target: Target) -> bool:
-    try:
-        Specials.from_tokenizer(target.tokenizer.hf)
-    except ParadecError:
-        return False
-    return True
+from paradec.options import Option, build, options_of
+from paradec.parallel.generate import AspdOptions
+from paradec.zoo import bundled_aspd
 
 
 @dataclass(frozen=True)
@@ -42,38 +41,41 @@ class Method:
     drafter: Callable[[Target, GenerationConfig], Drafter] | None = None  # the shared loop's proposer
     decode: Callable | None = None  # (engine, prompt ids, gen) -> [Generation]: a method with its own loop
     stream: Callable | None = None  # (engine, one prompt's ids, gen) -> Iterator[str]: its own loop, streamed
-    needs: tuple[str, ...] = ()  # a subset of NEEDS
-    uses: tuple[str, ...] = ()  # loaded where the model has them (a subset of NEEDS): what it may choose among
-    options: Mapping[str, object] = field(default_factory=dict)  # SpecConfig defaults this method sets
+    needs: tuple[str, ...] = ()  # companions it cannot run without (``paradec.companions``)
+    uses: tuple[str, ...] = ()  # companions loaded where the model has them: what it may choose among
+    options: tuple[type, ...] = ()  # the kinds of options it reads (``paradec.options`` records)
+    presets: Mapping[str, object] = field(default_factory=dict)  # its values for some of them
     acceptors: tuple[str, ...] = ACCEPTORS  # sampling acceptors it supports (greedy: always exact match)
     lossless: bool = True  # greedy output == `ar`'s; sampled output distributed as the target's
     # the target runtimes it runs on: llama.cpp's runs `ar` only (models.llamacpp: its batches are not exact)
     backends: tuple[str, ...] = ("torch",)
     same_tokens_as: str | None = None  # lossless against this method of the same model (not `ar`)
+    model: Callable[[], Path] | None = None  # the zoo's model for it where none is given (ASPD's adapter)
+    # shown by `paradec demo`, with these options (None: not shown; the demo shows each system once)
+    demo: Mapping[str, object] | None = None
 
     def __post_init__(self) -> None:
         if (self.drafter is None) == (self.decode is None):
             raise ValueError(f"method {self.name}: give exactly one of drafter or decode")
-        if set(self.needs) - set(NEEDS) or set(self.uses) - set(NEEDS):
-            raise ValueError(f"method {self.name}: needs and uses must be among {NEEDS}")
-        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        known = {c.name for c in companions.companions()}
+        if set(self.needs) - known or set(self.uses) - known:
+            raise ValueError(f"method {self.name}: needs and uses must be registered companions: {sorted(known)}")
+        names = {o.name for kind in self.options for o in options_of(kind)}
+        if set(self.presets) - names:
+            raise ValueError(f"method {self.name}: presets {sorted(set(self.presets) - names)} are not its options")
+        object.__setattr__(self, "presets", MappingProxyType(dict(self.presets)))
+        if self.demo is not None:
+            object.__setattr__(self, "demo", MappingProxyType(dict(self.demo)))
 
     @property
     def loads(self) -> set[str]:
         """What to load for it: what it needs, and what it uses where the model has it."""
         return set(self.needs) | set(self.uses)
 
-    def missing(self, target: Target) -> list[str]:
-        """What this method needs that ``target`` has not loaded (an ASPD model is recognized by
-        its tokenizer's branch tokens)."""
-        heads = target.heads
-        have = {
-            "drafts": bool(target.drafts),
-            "heads": heads is not None,
-            "early_head": heads is not None and heads.early is not None,
-            "eagle": target.eagle is not None,
-        }
-        return [n for n in self.needs if not (_writes_aspd_markup(target) if n == "aspd_model" else have[n])]
+    def missing(self, target: Target, gen: GenerationConfig | None = None) -> list[str]:
+        """What this method (with ``gen``'s options) needs that ``target`` has not loaded."""
+        needs = list(self.needs) + [n for o in (gen.options if gen else ()) if hasattr(o, "needs") for n in o.needs()]
+        return [n for n in dict.fromkeys(needs) if not companions.get(n).there(target)]
 
     def available(self, target: Target) -> bool:
         """Whether ``target`` can run this method: its runtime, and everything it needs loaded."""
@@ -88,25 +90,17 @@ class Method:
                 f"(llama.cpp's batched logits are not its single-token ones, so a draft verified "
                 f"there could change the text); load the model with backend=torch (--backend torch)"
             )
-        missing = self.missing(target)
-        if "drafts" in missing:
-            raise ParadecError(f"method {self.name} needs draft models; load them (drafts=PATH)")
-        if "heads" in missing:
-            raise ParadecError(f"method {self.name} needs Medusa heads; load them (heads=PATH)")
-        if "eagle" in missing:
-            raise ParadecError(f"method {self.name} needs an EAGLE draft head; load it (eagle=PATH)")
-        if gen.spec.prune and (target.heads is None or target.heads.early is None):
-            raise ParadecError(
-                f"method {self.name} prunes with an early head and these heads have none (set prune=False)"
-            )
+        missing = self.missing(target, gen)
+        if missing:
+            raise companions.get(missing[0]).missing(self.name)
         self.check_options(gen)
 
     def check_options(self, gen: GenerationConfig) -> None:
         """What can be checked of ``gen`` with no model loaded."""
-        if not gen.sampling.greedy and gen.spec.acceptor not in self.acceptors:
+        if not gen.sampling.greedy and gen.accept.acceptor not in self.acceptors:
             raise ParadecError(
                 f"method {self.name} samples with {' or '.join(self.acceptors) or 'no acceptor'}; "
-                f"acceptor {gen.spec.acceptor!r} is not one of them"
+                f"acceptor {gen.accept.acceptor!r} is not one of them"
                 + ("" if self.acceptors else " (it decodes greedily: set temperature=0)")
             )
 
@@ -115,6 +109,12 @@ def only_uses_drafters(used: tuple[str, ...] | None) -> bool:
     """Whether the drafters asked for are ones ``used`` methods only *use* (auto), not need: they do
     not tie the model to torch, since llama.cpp's `ar` may beat them all (then they are not loaded)."""
     return bool(used) and all(not get(m).needs and get(m).uses for m in used)
+
+
+def option_table() -> dict[str, Option]:
+    """Every option of every registered method (and acceptance's), by name, in registration order."""
+    kinds = dict.fromkeys([AcceptConfig, *(k for m in _REGISTRY.values() for k in m.options)])
+    return {o.name: o for kind in kinds for o in options_of(kind)}
 
 
 def generation_config(
@@ -126,27 +126,44 @@ def generation_config(
     seed: int | None = None,
     stop: list[str] | str | None = None,
     ignore_eos: bool = False,
-    **spec,
+    deterministic: bool = False,
+    **options,
 ) -> GenerationConfig:
     """The frozen ``GenerationConfig`` of these options, validated as far as no model is needed
-    (the CLI calls it before loading one, so a bad flag fails in a second, not after the load)."""
+    (the CLI calls it before loading one, so a bad flag fails in a second, not after the load).
+    ``options``: acceptance's and the method's own (``Method.options``), over its presets."""
     if isinstance(stop, str):  # one stop string, not its characters
         stop = [stop]
     registered = get(method)
-    spec = {**registered.options, **spec}
-    if "expansion" in spec:
-        spec["expansion"] = tuple(int(k) for k in spec["expansion"])
-    try:
-        spec_cfg = SpecConfig(**spec)
-    except TypeError as exc:
-        raise TypeError(f"unexpected option: {exc}") from None
+    table = option_table()
+    unknown = [k for k in options if k not in table]
+    if unknown:
+        raise TypeError(f"unexpected option {unknown[0]!r}; the options are: {', '.join(table)}")
+    kinds = (AcceptConfig, *registered.options)
+    foreign = [k for k in options if table[k].kind not in kinds]
+    if foreign:
+        own = [o.name for kind in kinds for o in options_of(kind)]
+        raise ParadecError(f"method {method} has no option {foreign[0]}; drop it (its options: {', '.join(own)})")
+    values = {**registered.presets, **options}
+    records = {kind: build(kind, values) for kind in kinds}
     sampling = SamplingConfig(float(temperature), int(top_k), float(top_p), seed)
-    gen = GenerationConfig(int(max_new_tokens), sampling, tuple(stop or ()), ignore_eos, method, spec_cfg)
+    gen = GenerationConfig(
+        int(max_new_tokens),
+        sampling,
+        tuple(stop or ()),
+        bool(ignore_eos),
+        method,
+        records.pop(AcceptConfig),
+        bool(deterministic),
+        tuple(records.values()),
+    )
     registered.check_options(gen)
     return gen
 
 
 _REGISTRY: dict[str, Method] = {}
+# what the CLI, the chat and the server run when no method is named: the loaded drafter that pays
+DEFAULT = "auto"
 
 
 def register(method: Method) -> Method:
@@ -175,6 +192,17 @@ def methods() -> tuple[Method, ...]:
     return tuple(_REGISTRY.values())
 
 
+LOOKUP, SSM, HEADS = (LookupOptions,), (SsmOptions, LookupOptions), (TreeOptions, PruneOptions)
+EAGLE = (TreeOptions, EagleOptions, LookupOptions)
+# ASPD's methods: its own decode loop on a model fine-tuned for it (the zoo's adapter by default), greedy
+ASPD = dict(
+    decode=factories.aspd,
+    stream=factories.aspd_stream,
+    needs=("aspd_model",),
+    options=(AspdOptions,),
+    acceptors=(),
+    model=bundled_aspd,
+)
 PROPD = {"prune": True, "dynamic": True}
 BOTH = ("torch", "llamacpp")
 for _m in (
@@ -185,35 +213,48 @@ for _m in (
         drafter=factories.root,
         backends=BOTH,
         acceptors=("mss", "naive"),
+        demo={},
     ),
     Method(
         "auto",
         "each step and row, the loaded drafter (or none) with the most expected tokens per second on this CPU",
         drafter=factories.auto,
         uses=("drafts", "heads", "eagle"),
+        options=(LookupOptions, SsmOptions, TreeOptions, EagleOptions),
         backends=BOTH,
         acceptors=("mss", "naive"),
-        options={"dynamic": True},  # it sizes its own trees: the batch budget does not cut them
+        demo={},
     ),
     Method(
         "specinfer",
         "SpecInfer: SSM token trees (expansion), merged, verified in one pass",
         drafter=factories.specinfer,
         needs=("drafts",),
+        options=SSM,
+        demo={"expansion": (1, 1, 1, 1)},  # one SSM, a 4-deep chain: the demo stays short
     ),
     Method(
         "specinfer+ngram",
         "SpecInfer with prompt lookup merged into the SSM tree",
         drafter=factories.specinfer,
         needs=("drafts",),
-        options={"with_ngram": True},
+        options=SSM,
+        presets={"with_ngram": True},
     ),
-    Method("pld", "prompt lookup: continuations of the longest suffix match in the context", drafter=factories.pld),
+    Method(
+        "pld",
+        "prompt lookup: continuations of the longest suffix match in the context",
+        drafter=factories.pld,
+        options=LOOKUP,
+        demo={},
+    ),
     Method(
         "medusa",
         "Medusa heads, a static rank-path tree of the size the heads were tuned for",
         drafter=factories.heads,
         needs=("heads",),
+        options=HEADS,
+        demo={},
     ),
     # Medusa's reference sparse tree size (mc_sim_7b_63: 63 nodes + root), the baseline ProPD reports
     Method(
@@ -221,14 +262,17 @@ for _m in (
         "Medusa heads, a static 63-node tree",
         drafter=factories.heads,
         needs=("heads",),
-        options={"tree_nodes": 63},
+        options=HEADS,
+        presets={"tree_nodes": 63},
     ),
     Method(
         "propd",
         "ProPD: Medusa heads, early pruning in the pass, tree size from the online cost model",
         drafter=factories.heads,
         needs=("heads", "early_head"),
-        options=PROPD,
+        options=HEADS,
+        presets=PROPD,
+        demo={},
     ),
     # ablations of ProPD
     Method(
@@ -236,73 +280,72 @@ for _m in (
         "ProPD ablation: static tree + early pruning",
         drafter=factories.heads,
         needs=("heads", "early_head"),
-        options={**PROPD, "dynamic": False},
+        options=HEADS,
+        presets={**PROPD, "dynamic": False},
     ),
     Method(
         "medusa+dynamic",
         "ProPD ablation: dynamic tree size, no pruning",
         drafter=factories.heads,
         needs=("heads",),
-        options={**PROPD, "prune": False},
+        options=HEADS,
+        presets={**PROPD, "prune": False},
     ),
     Method(
         "propd+step",
         "ProPD, nodes scored by this step's calibrated head probabilities",
         drafter=factories.heads,
         needs=("heads", "early_head"),
-        options={**PROPD, "step_scores": True},
+        options=HEADS,
+        presets={**PROPD, "step_scores": True},
     ),
     Method(
         "eagle",
         "EAGLE-2: a feature-level draft head grows a dynamic tree; the top-m by draft confidence are verified",
         drafter=factories.eagle,
         needs=("eagle",),
+        options=EAGLE,
+        demo={},
     ),
     Method(
         "eagle+propd",
         "EAGLE-2's dynamic tree, its size chosen each step by ProPD's online cost model",
         drafter=factories.eagle,
         needs=("eagle",),
-        options={"dynamic": True},
+        options=EAGLE,
+        presets={"dynamic": True},
     ),
     Method(
         "eagle+ngram",
         "EAGLE-2, or prompt lookup's chain on a suffix match of 2+ tokens (no head passes)",
         drafter=factories.eagle,
         needs=("eagle",),
-        options={"with_ngram": True},
+        options=EAGLE,
+        presets={"with_ngram": True},
+        demo={},
     ),
     # an ASPD model's own output (fine-tuned with branch tokens), not the base model's: not lossless
     Method(
         "aspd",
         "ASPD: hybrid serial/parallel decoding of an ASPD model's branches",
-        decode=factories.aspd,
-        stream=factories.aspd_stream,
-        needs=("aspd_model",),
-        acceptors=(),
         lossless=False,
+        **ASPD,
     ),
     Method(
         "aspd-r0",
         "ASPD, a title that repeats the plan ends it (no retries)",
-        decode=factories.aspd,
-        stream=factories.aspd_stream,
-        needs=("aspd_model",),
-        acceptors=(),
         lossless=False,
-        options={"title_retries": 0},
+        presets={"title_retries": 0},
+        **ASPD,
     ),
     # lossless with respect to `aspd` of the same model (tested), not to the base model's `ar`
     Method(
         "aspd+spec",
         "ASPD with prompt-lookup drafts inside every branch, all verified in one pass",
-        decode=factories.aspd,
-        stream=factories.aspd_stream,
-        needs=("aspd_model",),
-        acceptors=(),
         lossless=False,
         same_tokens_as="aspd",
-        options={"aspd_draft": 4},
+        presets={"aspd_draft": 4},
+        **ASPD,
     ),
 ):
     register(_m)

@@ -306,13 +306,13 @@ class Scheduler:
             target_next = greedy(logits).tolist()  # host sync: the loop needs the tokens
             return [accept_greedy(p.tree, nxt) for p, nxt in zip(proposals, target_next)]
         logits = logits.float()
-        if gen.spec.acceptor == "typical":
-            eps, delta = gen.spec.typical_epsilon, gen.spec.typical_delta
+        if gen.accept.acceptor == "typical":
+            eps, delta = gen.accept.typical_epsilon, gen.accept.typical_delta
             return [
                 accept_typical(p, logits[b, : len(p.tree)], gen.sampling, eps, delta, row.generator)
                 for b, (p, row) in enumerate(zip(proposals, rows))
             ]
-        rule = accept_mss if gen.spec.acceptor == "mss" else accept_naive
+        rule = accept_mss if gen.accept.acceptor == "mss" else accept_naive
         return [
             rule(p, logits[b, : len(p.tree)], gen.sampling, row.generator)
             for b, (p, row) in enumerate(zip(proposals, rows))

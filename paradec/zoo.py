@@ -84,20 +84,25 @@ def zoo_eagle(model: str | Path) -> Path | None:
     return head if default and (head / "eagle.json").is_file() else None
 
 
-def companions(model: str | Path) -> tuple[list[Path], Path | None]:
-    """(SSM pool, heads) shipped in the zoo for ``model``: ``zoo/smollm2/`` for the default
-    model's GGUF file, ``zoo/ssm*`` and ``zoo/heads`` for the bundled code model; none for any
-    other model (pass --draft / --heads)."""
+def _zoo_dir(model: str | Path) -> Path | None:
+    """Where the zoo keeps the drafters trained for ``model``: ``zoo/smollm2/`` for the default
+    model's GGUF file, ``zoo/`` for the bundled code model; None for any other model."""
     model = Path(model).resolve()
     if model == (ZOO / "target").resolve():
-        root = ZOO
-    else:
-        try:
-            root = ZOO / DEFAULT_ZOO if model == default_gguf().resolve() else None
-        except ParadecError:
-            root = None
-    if root is None:
-        return [], None
-    drafts = sorted(p for p in root.glob("ssm*") if (p / "config.json").is_file())
-    heads = root / "heads" if (root / "heads" / "heads.json").is_file() else None
-    return drafts, heads
+        return ZOO
+    try:
+        return ZOO / DEFAULT_ZOO if model == default_gguf().resolve() else None
+    except ParadecError:
+        return None
+
+
+def zoo_drafts(model: str | Path) -> list[Path]:
+    """The SSM pool the zoo ships for ``model``, fastest first (none for another model: pass --draft)."""
+    root = _zoo_dir(model)
+    return [] if root is None else sorted(p for p in root.glob("ssm*") if (p / "config.json").is_file())
+
+
+def zoo_heads(model: str | Path) -> Path | None:
+    """The Medusa heads (with ProPD's early head) the zoo ships for ``model``."""
+    root = _zoo_dir(model)
+    return root / "heads" if root is not None and (root / "heads" / "heads.json").is_file() else None

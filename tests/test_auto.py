@@ -25,7 +25,7 @@ def engine(llama_dir, drafters, tmp_path_factory):
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("eagle") / "head"
     EagleHead(engine.model.config).save(path, {})
-    engine.load_eagle(path)
+    engine.load_companion("eagle", path)
     return engine
 
 

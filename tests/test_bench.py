@@ -123,8 +123,8 @@ def test_bench_tree_nodes_sets_fixed_trees_only(tmp_path, llama_dir):
     result = json.loads((tmp_path / "out" / "results.json").read_text())
     nodes = {r["method"]: r["nodes_per_step"] for r in result["summary"] if r["category"] == "all"}
     assert nodes["eagle"] == 4 and 1 < nodes["medusa"] <= 4  # 3 drafted nodes + the root (heads' own size: 8)
-    assert result["config"]["tree_nodes"] == 3
-    bad = run_cli(*base, "--methods", "medusa", "--tree-nodes", "0", "--out", str(tmp_path / "bad"))
+    assert result["config"]["options"] == {"tree_nodes": 3} and result["config"]["full_trees"]
+    bad = run_cli(*base, "--methods", "medusa", "--tree-nodes", "65", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "tree" in bad.stderr
     assert not (tmp_path / "bad").exists()
 

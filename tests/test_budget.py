@@ -184,7 +184,7 @@ def test_drafters_that_skip_steps_catch_up_and_keep_ar_output(llama_dir, drafter
     eng = paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads, cost=PassCost.flat())
     torch.manual_seed(0)
     EagleHead(eng.model.config).save(tmp_path / "head", {})
-    eng.load_eagle(tmp_path / "head")
+    eng.load_companion("eagle", tmp_path / "head")
     ar = eng.generate(PROMPTS, max_new_tokens=30, ignore_eos=True)
     eng.budget = Skipping()
     out = eng.generate(PROMPTS, method=method, max_new_tokens=30, ignore_eos=True, **opts)

@@ -199,7 +199,7 @@ def test_api_takes_one_stop_string_and_one_draft(llama_dir):
     import paradec
 
     engine = paradec.load(llama_dir, dtype="fp32", drafts=str(llama_dir))  # a path, not its characters
-    assert len(engine.drafts) == 1
+    assert len(engine.companions["drafts"]) == 1
     full = engine.generate("def f(x):", max_new_tokens=24, ignore_eos=True).text
     stop = full[5:7]
     assert (

@@ -81,20 +81,22 @@ def heads(engine, tmp_path_factory):
 def test_greedy_equals_ar_batch_1_and_3(engine, heads, which, method):
     from paradec.models.quant import Int8Linear
 
-    engine.load_eagle(heads[which])
-    assert isinstance(engine.eagle.block.mlp.w_down, Int8Linear)  # a CPU drafts on int8 weights (load_eagle)
+    engine.load_companion("eagle", heads[which])
+    assert isinstance(
+        engine.companions["eagle"].block.mlp.w_down, Int8Linear
+    )  # a CPU drafts on int8 weights (load_eagle)
     ar = engine.generate(PROMPTS, max_new_tokens=N_NEW, ignore_eos=True)
     batch = engine.generate(PROMPTS, method=method, max_new_tokens=N_NEW, ignore_eos=True)
     solo = [engine.generate(p, method=method, max_new_tokens=N_NEW, ignore_eos=True) for p in PROMPTS]
     assert [g.token_ids for g in batch] == [g.token_ids for g in ar] == [g.token_ids for g in solo]
     if which == "trained" and method == "eagle":  # training did something: more accepted per step
-        engine.load_eagle(heads["random"])
+        engine.load_companion("eagle", heads["random"])
         rand = engine.generate(PROMPTS, method=method, max_new_tokens=N_NEW, ignore_eos=True)
         assert sum(g.stats.tau for g in batch) > sum(g.stats.tau for g in rand)
 
 
 def test_sampling_matches_target_joint_and_top_k_children_fail(engine, heads):
-    engine.load_eagle(heads["trained"])
+    engine.load_companion("eagle", heads["trained"])
     tv, bound, _, _ = two_token_joint_tv(engine, method="eagle")
     assert tv < bound
     # negative control: the top-k tokens proposed as if drawn from q bias multi-step sampling
@@ -120,7 +122,7 @@ def test_sampling_matches_target_joint_and_top_k_children_fail(engine, heads):
 
 def test_eagle_ngram_samples_exactly(engine, heads):
     """eagle+ngram's trees (a lookup chain alone, or merged into the EAGLE tree) keep MSS exact."""
-    engine.load_eagle(heads["trained"])
+    engine.load_companion("eagle", heads["trained"])
     tv, bound, _, _ = two_token_joint_tv(engine, method="eagle+ngram")
     assert tv < bound
 
@@ -129,7 +131,9 @@ def first_proposals(engine, nodes: int) -> tuple[EagleDrafter, list]:
     """A fresh greedy drafter over the loaded head, begun on PROMPTS' prefill -> (drafter, its
     first proposals)."""
     gen = engine.config(method="eagle", max_new_tokens=20, ignore_eos=True, tree_nodes=nodes)
-    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling, nodes=nodes)
+    drafter = EagleDrafter(
+        engine.companions["eagle"], engine.model.embed, engine.model.lm_head, gen.sampling, nodes=nodes
+    )
     seqs = [engine.tokenizer.encode(p) for p in PROMPTS]
     with torch.inference_mode():
         cache = engine.model.new_cache(3, 256)
@@ -141,8 +145,8 @@ def first_proposals(engine, nodes: int) -> tuple[EagleDrafter, list]:
 def test_draft_vocabulary_head_drafts_only_its_tokens_and_samples_exactly(engine, heads):
     """A head with a draft vocabulary proposes only those tokens (q is zero elsewhere), and
     multi-step speculative sampling over it still gives the target's joint."""
-    engine.load_eagle(heads["subset"])
-    vocab = set(engine.eagle.vocab.tolist())
+    engine.load_companion("eagle", heads["subset"])
+    vocab = set(engine.companions["eagle"].vocab.tolist())
     assert len(vocab) == 48
     _, props = first_proposals(engine, 16)
     assert all(set(p.tree.tokens[1:]) <= vocab for p in props)
@@ -159,9 +163,9 @@ def test_fixed_size_drafting_stops_early_with_the_same_tree(engine, heads, monke
     are those of drafting every depth."""
     import paradec.draft.eagle as eagle_mod
 
-    engine.load_eagle(heads["trained"])
+    engine.load_companion("eagle", heads["trained"])
     with torch.no_grad():  # a confident head: its chains go deep, so a top m reaches past depth 2
-        fc = engine.eagle.fc  # int8 on a CPU (Engine.load_eagle): its per-channel scales carry the size
+        fc = engine.companions["eagle"].fc  # int8 on a CPU (Engine.load_eagle): its per-channel scales carry the size
         (fc.scales if hasattr(fc, "scales") else fc.weight).mul_(20)
         fc.bias.mul_(20)
     passes = {"early": 0, "every": 0}
@@ -191,11 +195,11 @@ def test_fixed_size_drafting_stops_early_with_the_same_tree(engine, heads, monke
 def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
     """After steps that accept part of a tree, the live drafter proposes what a fresh drafter
     given the committed text (and the target's features of it) proposes."""
-    engine.load_eagle(heads["trained"])
+    engine.load_companion("eagle", heads["trained"])
     gen = engine.config(method="eagle", max_new_tokens=30, ignore_eos=True)
     rows = engine.new_rows([engine.tokenizer.encode(PROMPTS[0])], gen)
     sched = Scheduler(engine, 1, 256)
-    drafter = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
+    drafter = EagleDrafter(engine.companions["eagle"], engine.model.embed, engine.model.lm_head, gen.sampling)
     group = sched.admit(rows, gen, drafter)
     partial = 0
     for _ in range(6):
@@ -208,7 +212,7 @@ def test_head_cache_stays_in_step_after_partial_acceptance(engine, heads):
 
 def fresh_tree(engine, gen, tokens: list[int]):
     """The first tree of a fresh EAGLE drafter begun on ``tokens`` (the target's features of them)."""
-    fresh = EagleDrafter(engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling)
+    fresh = EagleDrafter(engine.companions["eagle"], engine.model.embed, engine.model.lm_head, gen.sampling)
     with torch.inference_mode():
         cache = engine.model.new_cache(1, 256)
         h = prefill(engine.model, [Row(tokens, len(tokens), None, None)], cache)
@@ -221,12 +225,16 @@ def test_head_catches_up_after_lookup_steps(engine, heads):
     head's next pass over them leaves it where a fresh drafter on the committed text is."""
     from paradec.draft.ngram import NgramDrafter
 
-    engine.load_eagle(heads["trained"])
+    engine.load_companion("eagle", heads["trained"])
     gen = engine.config(method="eagle+ngram", max_new_tokens=40, ignore_eos=True)
     prompt = engine.tokenizer.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n")
     sched = Scheduler(engine, 1, 256)
     drafter = EagleDrafter(
-        engine.eagle, engine.model.embed, engine.model.lm_head, gen.sampling, lookup=NgramDrafter(3, 8, min_ngram=2)
+        engine.companions["eagle"],
+        engine.model.embed,
+        engine.model.lm_head,
+        gen.sampling,
+        lookup=NgramDrafter(3, 8, min_ngram=2),
     )
     group = sched.admit(engine.new_rows([prompt], gen), gen, drafter)
     ran = []
@@ -240,7 +248,7 @@ def test_head_catches_up_after_lookup_steps(engine, heads):
 
 
 def test_every_proposal_is_a_tree_ranked_by_confidence(engine, heads):
-    engine.load_eagle(heads["trained"])
+    engine.load_companion("eagle", heads["trained"])
     drafter, props = first_proposals(engine, 12)
     for b, prop in enumerate(props):
         tree = prop.tree
@@ -302,7 +310,7 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     assert summary["train_sequences"] > summary["train_sequences_target"] > 0
     assert 0 < summary["heldout_label_coverage"] <= 1 and len(summary["accept_per_depth"]) == 5
     engine = paradec.load(gguf, dtype="fp32", eagle=tmp_path / "head")
-    assert len(engine.eagle.vocab) == 64
+    assert len(engine.companions["eagle"].vocab) == 64
     msgs = [{"role": "user", "content": "Write a function number 7."}]
     ar = engine.generate(msgs, max_new_tokens=24, ignore_eos=True)
     assert engine.generate(msgs, method="eagle", max_new_tokens=24, ignore_eos=True).token_ids == ar.token_ids
@@ -331,8 +339,8 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     assert len(summary2["heldout_top1_per_step"]) == 2  # the training-time test's second depth is reported
     assert 0 < len(computed) <= summary2["train_sequences"] - summary["train_sequences"]
     assert all("def g" in engine.tokenizer.decode(seq) for seq in computed)  # the new answers only
-    warmed = paradec.load(gguf, dtype="fp32", eagle=tmp_path / "head2").eagle
-    assert torch.equal(warmed.vocab, engine.eagle.vocab)  # the draft vocabulary came with the weights
+    warmed = paradec.load(gguf, dtype="fp32", eagle=tmp_path / "head2").companions["eagle"]
+    assert torch.equal(warmed.vocab, engine.companions["eagle"].vocab)  # the draft vocabulary came with the weights
     # an unfinished run is resumed by the same configuration only
     stopped = EagleTrainConfig(**{**cfg.__dict__, "minutes": 1e-9})
     assert not train_eagle(gguf, tmp_path / "head3", tmp_path / "run3", tmp_path / "question.jsonl", stopped)["done"]

@@ -126,9 +126,9 @@ def test_every_lossless_method_equals_ar_on_smollm2(fmt, prompts, tokens, config
     CPU runs the suite. Without the draft budget every tree is verified in full, whatever the CPU's
     own curve (ProPD sizes its trees on the measured one)."""
     from paradec.models.gguf import resolve_model
-    from paradec.zoo import companions, default_gguf, zoo_eagle
+    from paradec.zoo import default_gguf, zoo_drafts, zoo_eagle, zoo_heads
 
-    drafts, heads = companions(default_gguf())
+    drafts, heads = zoo_drafts(default_gguf()), zoo_heads(default_gguf())
     engine = paradec.load(
         resolve_model(default_gguf()),
         dtype=fmt,

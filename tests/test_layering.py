@@ -11,11 +11,11 @@ import paradec
 
 ROOT = Path(paradec.__file__).parent
 LAYERS = [
-    {"errors", "config", "zoo", "stdlib"},  # records and locations
+    {"errors", "options", "config", "zoo", "stdlib"},  # records and locations
     {"sampling", "tokenizer", "text", "state", "kv", "tree"},  # pure functions and typed state
     {"models", "cpu", "policy"},  # the runtime; what a pass costs on this CPU; ProPD's cost model
     {"draft", "verify", "parallel"},  # proposing, accepting, ASPD's decoder
-    {"factories", "methods"},  # the shipped drafter factories; the registry: what each method needs
+    {"companions", "factories", "methods"},  # what methods load beside the target; the factories; the registry
     {"scheduler"},  # the loop: groups of rows on one KV cache
     {"engine"},  # loading, generate/stream
     {"train", "testing"},  # recipes and test fixtures use the engine as users do

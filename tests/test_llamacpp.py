@@ -84,18 +84,22 @@ def test_what_it_cannot_run_exactly_is_refused(engine, tmp_path):
 
 def test_method_auto_runs_on_llamacpp_only_where_its_ar_step_is_over_2x_cheaper():
     from paradec.engine import AUTO_MARGIN
-    from paradec.zoo import companions, zoo_eagle
+    from paradec.zoo import zoo_drafts, zoo_eagle, zoo_heads
 
-    drafts, heads = companions(default_gguf())
+    drafts, heads = zoo_drafts(default_gguf()), zoo_heads(default_gguf())
     engine = paradec.load(
         default_gguf(), backend="auto", methods_used=("auto",), drafts=drafts[:1], heads=heads,
         eagle=zoo_eagle(default_gguf()), warmup=False,
     )  # fmt: skip
     torch_best = min(c.predict(1) for c in engine.format.profile.costs.values())
     if engine.model.backend == "llamacpp":  # as `ar`, its drafters not loaded
-        assert engine.format.cost.predict(1) * AUTO_MARGIN < torch_best and not engine.drafts and engine.eagle is None
+        assert (
+            engine.format.cost.predict(1) * AUTO_MARGIN < torch_best
+            and not engine.companions.get("drafts")
+            and "eagle" not in engine.companions
+        )
     else:
-        assert engine.drafts and engine.eagle is not None
+        assert engine.companions.get("drafts") and "eagle" in engine.companions
     g = engine.generate("def add(a, b):", method="auto", max_new_tokens=12, ignore_eos=True)
     assert g.token_ids == engine.generate("def add(a, b):", max_new_tokens=12, ignore_eos=True).token_ids
 

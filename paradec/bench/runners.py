@@ -10,25 +10,31 @@ import torch
 
 from paradec import methods
 from paradec.bench.peers import PEERS, HFPeer, LlamaCppPeer, method_needs, own_loop, split_method
+from paradec.config import AcceptConfig
 from paradec.draft.oracle import OracleDrafter
 from paradec.engine import load
 from paradec.errors import ParadecError
 from paradec.models.adapter import is_adapter, read_adapter
 from paradec.models.gguf import resolve_model
+from paradec.options import options_of
+
+ACCEPT = {o.name for o in options_of(AcceptConfig)}
 
 
-def _fixed_tree(name: str) -> bool:
-    """Whether method ``name`` verifies a tree of ``tree_nodes`` (Medusa's, EAGLE's; not the cost model's)."""
-    m = methods.get(name)
-    return bool({"heads", "eagle"} & set(m.needs)) and m.decode is None and not m.options.get("dynamic")
+def method_options(name: str, options: dict) -> dict:
+    """The ``options`` that registered method ``name`` has (a bench run's options go to the methods
+    that have them: ``--expansion`` to the SSM methods, ``--tree-nodes`` to the tree ones)."""
+    own = {o.name for kind in methods.get(name).options for o in options_of(kind)} | set(ACCEPT)
+    return {k: v for k, v in options.items() if k in own}
 
 
 def _engines(cfg, model_dir) -> dict:
     """One engine per weight format or runtime the methods name (``ar@int4``, ``ar@llamacpp``).
-    ``--tree-nodes N`` compares drafters at one fixed tree size: the draft budget must not cut them."""
+    ``full_trees``: drafters compared at one tree size, which the draft budget must not cut."""
     quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
-    budget = cfg.tree_nodes is None
-    same = dict(dtype=cfg.dtype, device=cfg.device, drafts=list(cfg.drafts), heads=cfg.heads, eagle=cfg.eagle)
+    budget = not cfg.full_trees
+    loaded = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.companions.items()}
+    same = dict(dtype=cfg.dtype, device=cfg.device, **loaded)
     same |= dict(exact=cfg.exact, quant_head=cfg.quant_head, threads=cfg.threads, batch_budget=budget)
     engines = {q: load(model_dir, quant=q, backend="torch", **same) for q in quants if q != "llamacpp"}
     if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
@@ -66,7 +72,9 @@ class Runners:
         if by_runner["hf"]:
             self.hf = HFPeer(
                 model_dir,
-                cfg.drafts[0] if "drafts" in set().union(*(PEERS[m].needs for m in by_runner["hf"])) else None,
+                cfg.companions["drafts"][0]
+                if "drafts" in set().union(*(PEERS[m].needs for m in by_runner["hf"]))
+                else None,
                 self.engine.format.dtype,
                 cfg.device,
                 temperature=cfg.temperature,
@@ -97,11 +105,7 @@ class Runners:
     def _method(self, method: str, batch: list[list[int]]):
         base, quant = split_method(method, self.cfg.quant)
         engine = self.engines[quant]
-        opts = {}
-        if self.cfg.expansion is not None and "drafts" in method_needs(method):
-            opts["expansion"] = self.cfg.expansion
-        if self.cfg.tree_nodes is not None and _fixed_tree(base):
-            opts["tree_nodes"] = self.cfg.tree_nodes
+        opts = method_options(base, self.cfg.options)
         out = engine.generate(batch, method=base, **opts, **self.options())
         if own_loop(method):  # its own text (ASPD: markup is overhead, not output)
             return [engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from paradec import methods
-from paradec.cli.common import Parser, add_model_args, flag_message, load_options, model_and_drafters, writable_dir
-from paradec.cli.options import add_sampling, add_spec, generation_options, int_list, method_help
+from paradec.cli.common import Parser, add_model_args, flag_message, load_options, model_and_companions, writable_dir
+from paradec.cli.options import add_options, add_sampling, generation_options, given_options, method_help
 from paradec.cli.serve import add_serve_parsers, cmd_bench_serve, cmd_serve
 from paradec.cli.train import add_train_parser, cmd_train
 from paradec.errors import ParadecError
@@ -35,9 +35,9 @@ def _add_decode_parsers(sub) -> None:
     """generate and chat."""
     g = sub.add_parser("generate", help="generate text for one prompt")
     add_model_args(g)
-    g.add_argument("--method", default="auto", choices=methods.names(), metavar="METHOD", help=method_help())
+    g.add_argument("--method", default=methods.DEFAULT, choices=methods.names(), metavar="METHOD", help=method_help())
     add_sampling(g)
-    add_spec(g)
+    add_options(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object (last stdout line)")
     g.add_argument("prompt")
@@ -46,14 +46,14 @@ def _add_decode_parsers(sub) -> None:
     add_model_args(c)
     c.add_argument(
         "--method",
-        default="auto",
+        default=methods.DEFAULT,
         choices=[m.name for m in methods.methods() if m.drafter],
         metavar="METHOD",
         help=method_help(),
     )
     c.add_argument("--system", default=None, help="system message")
     add_sampling(c)
-    add_spec(c)
+    add_options(c)
 
 
 def _add_tool_parsers(sub) -> None:
@@ -121,19 +121,7 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--repeats", type=int, default=bd["repeats"])
     b.add_argument("--seed", type=int, default=bd["seed"])
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
-    b.add_argument(
-        "--expansion",
-        type=int_list,
-        default=None,
-        help="specinfer: SSM children per tree level (default 1,1,3,1,1,1,1,1)",
-    )
-    b.add_argument(
-        "--tree-nodes",
-        type=int,
-        default=None,
-        help="fixed-size trees (medusa, eagle) verify this many nodes, never cut by the draft budget: "
-        "compare drafters at one budget (default: each method's own)",
-    )
+    add_options(b)  # each applies to the methods that have it; --tree-nodes also turns the draft budget off
     b.add_argument(
         "--first-turn",
         action="store_true",
@@ -151,8 +139,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
     import paradec
 
     methods.generation_config(**generation_options(args))  # bad options fail now, not after the load
-    model, drafts, heads, eagle = model_and_drafters(args, methods.get(args.method).loads)
-    engine = paradec.load(**load_options(args, model, drafts, heads, eagle), methods_used=(args.method,))
+    method = methods.get(args.method)
+    model, given = model_and_companions(args, [method], method.loads)
+    engine = paradec.load(**load_options(args, model, given), methods_used=(args.method,))
     kwargs = dict(generation_options(args), chat=args.chat)
     if args.json:
         out = engine.generate(args.prompt, **kwargs)
@@ -174,8 +163,9 @@ def cmd_chat(args: argparse.Namespace) -> None:
             args.system.encode("utf-8")
         except UnicodeEncodeError:
             raise ParadecError("--system is not valid UTF-8 text; pass UTF-8") from None
-    model, drafts, heads, eagle = model_and_drafters(args, methods.get(args.method).loads)
-    engine = paradec.load(**load_options(args, model, drafts, heads, eagle), methods_used=(args.method,))
+    method = methods.get(args.method)
+    model, given = model_and_companions(args, [method], method.loads)
+    engine = paradec.load(**load_options(args, model, given), methods_used=(args.method,))
     print(f"paradec chat ({Path(str(model)).name}, method {args.method}); /exit quits, /reset forgets", file=sys.stderr)
     # undecodable bytes reach the tokenizer's UTF-8 check (one line, the chat goes on), not a traceback
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
@@ -208,6 +198,7 @@ def _bench_methods() -> tuple[str, ...]:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from paradec.bench.harness import BenchConfig, method_needs, run_bench, write_outputs
+    from paradec.bench.peers import split_method
     from paradec.zoo import aspd_twin
 
     names = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -216,22 +207,23 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.per_category is not None and args.per_category < 1:
         raise ParadecError("--per-category must be >= 1")
     needs = set().union(*(method_needs(m) for m in names))
-    model, drafts, heads, eagle = model_and_drafters(args, needs, whole_pool=len(names) > 1)
+    registered = [methods.get(split_method(m)[0]) for m in names if split_method(m)[0] in methods.names()]
+    model, given = model_and_companions(args, registered, needs, whole_pool=len(names) > 1)
     twin = args.twin
     if "aspd_model" in needs:
         twin = twin or aspd_twin(model)
     if args.limit is not None and args.limit < 1:
         raise ParadecError("--limit must be >= 1")
     writable_dir(Path(args.out), "--out")  # before the run, not after it
+    options = given_options(args)
     cfg = BenchConfig(
         model=str(model),
         methods=names,
         twin=str(twin) if twin else None,
         prompts=args.prompts,
         out=args.out,
-        drafts=tuple(str(d) for d in drafts),
-        heads=str(heads) if heads else None,
-        eagle=str(eagle) if eagle else None,
+        companions={k: tuple(map(str, v)) if isinstance(v, list) else str(v) for k, v in given.items() if v},
+        options=options,
         limit=args.limit,
         per_category=args.per_category,
         max_new_tokens=args.max_new_tokens,
@@ -244,9 +236,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         stop_at_eos=args.stop_at_eos,
         chat=not args.no_chat,
         first_turn=args.first_turn,
-        expansion=tuple(args.expansion) if args.expansion else None,
         exact=not args.no_exact,
-        tree_nodes=args.tree_nodes,
+        full_trees="tree_nodes" in options,  # compare drafters at one tree size: the budget cuts nothing
         quant=args.quant,
         quant_head=args.quant_head,
         threads=args.threads,

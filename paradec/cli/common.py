@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+from paradec import companions
 from paradec.errors import ParadecError
 from paradec.models.llamacpp import BACKENDS
 from paradec.models.quant import QUANTS
@@ -30,25 +31,23 @@ def writable_dir(path: Path, flag: str) -> None:
             return
 
 
-# library parameter (as errors spell it) -> the flag that sets it, where the names differ
-PARAMETER_FLAGS = {
-    "drafts": "--draft",
-    "prune=False": "--no-prune",
-    "dynamic=False": "--static-tree",
-    "exact=False": "--no-exact",
-}
+# library parameter (as errors spell it) -> the flag that sets it, where the parser cannot tell
+PARAMETER_FLAGS = {"exact=False": "--no-exact"}
 
 
 def flag_message(message: str, parser: argparse.ArgumentParser) -> str:
     """A library error speaks of parameters (``pass model=PATH``, ``set temperature=0``); the
     command-line user reads the flags that set them (``pass --model PATH``, ``--temperature 0``)."""
+    from paradec.cli.options import off_switches
+
     flags = _flags(parser)
+    known = {**PARAMETER_FLAGS, **off_switches()}
 
     def spell(m: re.Match) -> str:
         name, value = m.group(1), m.group(2)
-        if f"{name}={value}" in PARAMETER_FLAGS:
-            return PARAMETER_FLAGS[f"{name}={value}"]
-        flag = PARAMETER_FLAGS.get(name) or flags.get(name)
+        if f"{name}={value}" in known:
+            return known[f"{name}={value}"]
+        flag = known.get(name) or flags.get(name)
         if flag is None:
             return m.group(0)
         return flag if value == "True" else f"{flag} {value}".rstrip()
@@ -93,15 +92,9 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
         "fastest, measured once and cached (`paradec doctor` shows it)",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument(
-        "--draft",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="draft model (SSM) for specinfer; repeat to merge several",
-    )
-    p.add_argument("--heads", default=None, metavar="PATH", help="Medusa heads for medusa/propd")
-    p.add_argument("--eagle", default=None, metavar="PATH", help="EAGLE draft head for eagle, eagle+propd, eagle+ngram")
+    for c in companions.loadable():  # --draft PATH (repeatable), --heads PATH, --eagle PATH, ...
+        many = dict(action="append", default=[]) if c.many else dict(default=None)
+        p.add_argument(c.flag, dest=c.name, metavar="PATH", help=c.help, **many)
     p.add_argument(
         "--quant",
         default="auto",
@@ -122,38 +115,39 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     )
 
 
-def model_and_drafters(args: argparse.Namespace, needs: set[str], whole_pool: bool = False) -> tuple:
-    """(model, drafts, heads, eagle) for a command: the default model (SmolLM2-135M-Instruct)
-    unless --model says otherwise, with the zoo's drafters for it where the methods need them."""
-    from paradec.zoo import bundled_aspd, companions, default_gguf, zoo_eagle
+def model_and_companions(args: argparse.Namespace, chosen: list, loads: set[str], whole_pool: bool = False) -> tuple:
+    """(model, {companion name: path or paths}) for a command running methods ``chosen`` that
+    load ``loads``: the default model (SmolLM2-135M-Instruct) unless --model says otherwise (or
+    the zoo's model of a method with one of its own: ASPD's adapter), with the zoo's companions
+    for it where they are loaded (of a pool, the first: the fastest here; all with ``whole_pool``)."""
+    from paradec.zoo import default_gguf
 
-    model, drafts, heads, eagle = args.model, list(args.draft), args.heads, args.eagle
-    if model is None and "aspd_model" in needs:  # the zoo's ASPD adapter over the default model
-        return bundled_aspd(), drafts, heads, eagle
-    model = model if model is not None else default_gguf()
-    pool, zoo_heads = companions(model)
-    if not drafts and "drafts" in needs:
-        drafts = pool if whole_pool else pool[:1]  # one SSM: the fastest of the pool here
-    if heads is None and "heads" in needs:
-        heads = zoo_heads
-    if eagle is None and "eagle" in needs:
-        eagle = zoo_eagle(model)
-    return model, drafts, heads, eagle
+    given = {c.name: getattr(args, c.name) for c in companions.loadable()}
+    own_model = next((m.model for m in chosen if m.model is not None), None)
+    if args.model is None and own_model is not None:
+        return own_model(), given
+    model = args.model if args.model is not None else default_gguf()
+    for c in companions.loadable():
+        if not given[c.name] and c.name in loads and c.zoo is not None:
+            shipped = c.zoo(model)
+            given[c.name] = (shipped if whole_pool else shipped[:1]) if c.many else shipped
+    return model, given
 
 
-def load_options(args: argparse.Namespace, model, drafts, heads, eagle) -> dict:
+def load_options(args: argparse.Namespace, model, given: dict) -> dict:
     """``paradec.load``'s keyword arguments from the model flags (``add_model_args``) and the
-    drafters ``model_and_drafters`` found (paths as strings: a Ray replica receives them too)."""
+    companions ``model_and_companions`` found (paths as strings: a Ray replica receives them too)."""
+    paths = {
+        name: [str(p) for p in v] if isinstance(v, list) else None if v is None else str(v) for name, v in given.items()
+    }
     return dict(
         model_dir=str(model),
         dtype=args.dtype,
         device=args.device,
-        drafts=[str(d) for d in drafts],
-        heads=None if heads is None else str(heads),
-        eagle=None if eagle is None else str(eagle),
         exact=not args.no_exact,
         quant=args.quant,
         quant_head=args.quant_head,
         threads=args.threads,
         backend=args.backend,
+        **paths,
     )

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from paradec import methods
-from paradec.cli.common import add_model_args, load_options, model_and_drafters, writable_dir
+from paradec.cli.common import add_model_args, load_options, model_and_companions, writable_dir
 from paradec.errors import ParadecError
 
 
@@ -30,12 +30,12 @@ def add_serve_parsers(sub) -> None:
     served = [m.name for m in methods.methods()]
     sv.add_argument(
         "--method",
-        default="auto",
+        default=methods.DEFAULT,
         choices=served,
         metavar="METHOD",
         help="the default method; a request may name another in its `method` field: "
         + ", ".join(served)
-        + " (aspd methods: with an ASPD model, e.g. the default for --method aspd)",
+        + " (a method with a loop of its own, as ASPD's, is served when --method names it)",
     )
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
@@ -105,7 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     needs = {n for m in methods.methods() if m.drafter for n in m.needs} | methods.get(args.method).loads
     if args.backend == "llamacpp":  # llama.cpp serves the methods that need nothing loaded (ar, auto)
         needs = set(methods.get(args.method).needs)
-    model, drafts, heads, eagle = model_and_drafters(args, needs)
+    model, given = model_and_companions(args, [methods.get(args.method)], needs)
     _check_memory(model, args.max_batch)
     name = args.model_name or Path(str(model)).name
     app_options = dict(
@@ -115,7 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         api_key=args.api_key,
         max_tokens_limit=args.max_tokens_limit,
     )
-    options = {**load_options(args, model, drafts, heads, eagle), "batch_budget": not args.full_chains}
+    options = {**load_options(args, model, given), "batch_budget": not args.full_chains}
     if args.replicas:
         import importlib.util
 

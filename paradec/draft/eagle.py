@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -37,7 +38,9 @@ from paradec.config import SamplingConfig
 from paradec.cpu import PassCost
 from paradec.draft.base import DrafterHooks
 from paradec.draft.ngram import NgramDrafter
+from paradec.errors import ParadecError
 from paradec.models.eagle import EagleHead
+from paradec.options import option
 from paradec.policy.dynamic import SIZES, CurveLatency, LatencyModel
 from paradec.sampling import probs
 from paradec.state import StepReport
@@ -89,6 +92,23 @@ class EagleCostModel:
             if value > best:
                 best, best_n = value, n
         return best_n
+
+
+# eagle+ngram: a prompt-lookup match of at least this many suffix tokens replaces the EAGLE tree for
+# the step (its chain is free to draft; the head catches up on the committed pairs at its next step)
+EAGLE_LOOKUP_MIN_NGRAM = 2
+
+
+@dataclass(frozen=True)
+class EagleOptions:
+    """EAGLE-2's drafted tree."""
+
+    eagle_topk: int = option(4, "eagle: children per expanded node, and nodes expanded per depth")
+    eagle_depth: int = option(5, "eagle: depth of the drafted tree")
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.eagle_topk <= 16 and 1 <= self.eagle_depth <= 16):
+            raise ParadecError("eagle_topk and eagle_depth must be in [1, 16]")
 
 
 class EagleDrafter(DrafterHooks):

@@ -15,13 +15,38 @@ is exact, and so is multi-step speculative sampling (on rejection it removes the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from paradec.config import MAX_TREE_NODES
+from paradec.errors import ParadecError
 from paradec.models.heads import Heads
+from paradec.options import option
 from paradec.policy import Calibration, TreePolicy
 from paradec.state import Split, StepReport
 from paradec.tree.proposal import DraftTree, Proposal, merge
+
+
+@dataclass(frozen=True)
+class PruneOptions:
+    """ProPD's early pruning inside the verification pass, and how its tree's nodes are scored."""
+
+    prune: bool = option(False, "propd: switch early pruning off (ablation)", flag="--no-prune", sets=False)
+    prune_topk: int = option(8, "propd: keep a node iff its token is in its parent's early-head top-k")
+    step_scores: bool = option(
+        False,
+        "propd: score tree nodes by this step's head probabilities (calibrated online), not average rank "
+        "acceptance; a tree per row",
+    )
+
+    def __post_init__(self) -> None:
+        if self.prune_topk < 1:
+            raise ParadecError(f"prune_topk must be >= 1, got {self.prune_topk}")
+
+    def needs(self) -> tuple[str, ...]:
+        """What these options need loaded besides the method's own needs."""
+        return ("early_head",) if self.prune else ()
 
 
 class HeadDrafter:

@@ -13,13 +13,34 @@ next pending chain.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from paradec.config import SamplingConfig, expansion_nodes
+from paradec.config import MAX_TREE_NODES, SamplingConfig, expansion_nodes
+from paradec.errors import ParadecError
 from paradec.models import Transformer
+from paradec.options import option
 from paradec.sampling import probs
 from paradec.tree import ScratchTree, pass_tensors
 from paradec.tree.proposal import DraftTree
+
+
+@dataclass(frozen=True)
+class SsmOptions:
+    """A draft model's (SSM's) tree."""
+
+    expansion: tuple[int, ...] = option((1, 1, 3, 1, 1, 1, 1, 1), "SSM children per tree level")
+
+    def __post_init__(self) -> None:
+        if not self.expansion or any(k < 1 for k in self.expansion):
+            raise ParadecError(f"expansion must be a non-empty list of integers >= 1, got {self.expansion}")
+        if expansion_nodes(self.expansion) > MAX_TREE_NODES:
+            raise ParadecError(
+                f"expansion {','.join(map(str, self.expansion))} makes a tree of "
+                f"{expansion_nodes(self.expansion)} nodes per SSM; the limit is {MAX_TREE_NODES}: "
+                "use fewer or narrower levels"
+            )
 
 
 class ModelDrafter:

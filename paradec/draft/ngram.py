@@ -9,9 +9,48 @@ branch is ``num_draft`` tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from paradec.config import MAX_TREE_NODES
+from paradec.errors import ParadecError
+from paradec.options import option
 from paradec.tree.proposal import DraftTree
+
+# Prompt lookup's chain by weight format: (tokens per matched suffix token, most tokens). A longer
+# suffix match is a surer one, so a 1-token match drafts little and a 4-token one the most. A bf16
+# pass verifies up to 8 tokens for about the price of an `ar` step (2-core CPU, benchmarks/pass_cost.py:
+# 1.16x at 8 rows, 1.54x at 16); the packed int8/int4 kernels' cost grows with the rows (1.13-1.25x at
+# 4, 1.7-1.9x at 8), so there 1 token per matched token, at most 4. Replayed on SmolLM2's own answers
+# to 105 Spec-Bench prompts (benchmarks/pld_replay.py), 4 x match length up to 16 commits 9 % more
+# tokens per unit of pass cost than the fixed 8 it replaced in bf16 (2.33x vs 2.13x `ar`), and the
+# same as the fixed 3 it replaced in int4 (1.59x vs 1.58x). A fixed table, not a measurement at load,
+# so a seed fixes sampled output. ``--num-draft N`` drafts exactly N instead. eagle+ngram's lookup
+# chain (on a match of 2+ tokens) follows the same table.
+PLD_DRAFT = {"none": (4, 16), "int8": (1, 4), "int4": (1, 4)}
+
+
+@dataclass(frozen=True)
+class LookupOptions:
+    """Prompt lookup's options (pld; merged into specinfer's and eagle's trees with ``with_ngram``)."""
+
+    with_ngram: bool = option(False, "specinfer, eagle: prompt lookup too (merged into the tree; eagle: on a match)")
+    max_ngram: int = option(4, "prompt lookup: longest suffix to match", flag="--ngram")
+    num_draft: int | None = option(
+        None,
+        "prompt lookup: exactly this many tokens per branch (default: by the matched suffix's length, "
+        + ", ".join(f"{per} a matched token up to {most} for {q}" for q, (per, most) in PLD_DRAFT.items())
+        + ")",
+    )
+    ngram_branches: int = option(1, "prompt lookup: distinct continuations")
+
+    def __post_init__(self) -> None:
+        draft = max(most for _, most in PLD_DRAFT.values()) if self.num_draft is None else self.num_draft
+        if draft > MAX_TREE_NODES or self.ngram_branches * draft > MAX_TREE_NODES:
+            raise ParadecError(f"num_draft x ngram_branches must be <= {MAX_TREE_NODES}")
+        if self.max_ngram < 1 or draft < 1 or self.ngram_branches < 1:
+            raise ParadecError("ngram, num_draft and ngram_branches must be >= 1")
 
 
 class NgramDrafter:

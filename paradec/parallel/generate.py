@@ -10,8 +10,12 @@ pieces concatenate to ``generate``'s text.
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import dataclass
 from functools import partial
 
+from paradec.config import MAX_TREE_NODES
+from paradec.errors import ParadecError
+from paradec.options import option
 from paradec.parallel.decode import _RowDecoder, aspd_decode_batch, aspd_steps
 from paradec.parallel.grammar import Specials
 from paradec.parallel.markup import strip_markup
@@ -19,6 +23,22 @@ from paradec.parallel.quality import well_formed
 from paradec.parallel.spec import SpecRowDecoder, extra_slots
 from paradec.state import Generation, Stats
 from paradec.text import TextStream
+
+
+@dataclass(frozen=True)
+class AspdOptions:
+    """ASPD's hybrid decoder."""
+
+    title_retries: int = option(
+        3, "aspd: decode a title that repeats the plan again this often (0: a repeat ends the plan)"
+    )
+    aspd_draft: int = option(0, "aspd: prompt-lookup tokens drafted after every branch and serial token")
+
+    def __post_init__(self) -> None:
+        if self.title_retries < 0:
+            raise ParadecError(f"title_retries must be >= 0, got {self.title_retries}")
+        if not 0 <= self.aspd_draft <= MAX_TREE_NODES:
+            raise ParadecError(f"aspd_draft must be in [0, {MAX_TREE_NODES}], got {self.aspd_draft}")
 
 
 def _plain(hf, ids: list[int]) -> str:
@@ -38,7 +58,7 @@ def _setup(engine, prompts: list[list[int]], gen) -> tuple[Specials, frozenset, 
 
 def _rows(gen) -> dict:
     """The row decoder: plain ASPD, or with drafts (``aspd_draft`` tokens per chain)."""
-    k = gen.spec.aspd_draft
+    k = gen.option(AspdOptions).aspd_draft
     return (
         {"row_type": partial(SpecRowDecoder, draft_tokens=k), "extra_slots": extra_slots(k)}
         if k
@@ -53,7 +73,7 @@ def generate_aspd(engine, prompts: list[list[int]], gen) -> list[Generation]:
     sp, eos, budget = _setup(engine, prompts, gen)
     out = []
     for ids, st in aspd_decode_batch(
-        engine.model, sp, prompts, budget, eos, title_retries=gen.spec.title_retries, **_rows(gen)
+        engine.model, sp, prompts, budget, eos, title_retries=gen.option(AspdOptions).title_retries, **_rows(gen)
     ):
         text = _plain(hf, ids)
         extra = {
@@ -64,12 +84,12 @@ def generate_aspd(engine, prompts: list[list[int]], gen) -> list[Generation]:
             "degree_of_parallelism": round(st.parallel_tokens / max(1, len(ids)), 4),
             "well_formed": well_formed(hf.decode(ids, skip_special_tokens=False)),
         }
-        if gen.spec.aspd_draft:
+        if gen.option(AspdOptions).aspd_draft:
             extra.update(
                 drafted=st.drafted, accepted=st.accepted, acceptance=round(st.accepted / max(1, st.drafted), 4)
             )
         stats = Stats(
-            "aspd+spec" if gen.spec.aspd_draft else "aspd",
+            gen.method,
             new_tokens=len(ids),
             steps=st.steps,
             wall_s=st.wall_s,
@@ -94,7 +114,9 @@ def stream_aspd(engine, prompt: list[int], gen) -> Generator[str, None, tuple[st
     sp, eos, budget = _setup(engine, [prompt], gen)
     text = TextStream(engine.tokenizer.decode, gen.stop)  # shown its plain text anew each pass
     rows, reason = [], None
-    for rows in aspd_steps(engine.model, sp, [prompt], budget, eos, title_retries=gen.spec.title_retries, **_rows(gen)):
+    for rows in aspd_steps(
+        engine.model, sp, [prompt], budget, eos, title_retries=gen.option(AspdOptions).title_retries, **_rows(gen)
+    ):
         if text.show(_plain(hf, rows[0].visible()[:budget])):
             reason = "stop"
             break

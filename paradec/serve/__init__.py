@@ -14,6 +14,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 
+from paradec import methods
 from paradec.errors import ParadecError
 from paradec.serve.app import LOOPBACK_HOSTS, create_app
 from paradec.serve.worker import Job, Worker
@@ -24,7 +25,7 @@ __all__ = ["Job", "Worker", "build_app", "run"]
 def build_app(
     engine,
     model_name: str,
-    method: str = "auto",
+    method: str = methods.DEFAULT,
     max_batch: int = 8,
     max_queue: int = 64,
     api_key: str | None = None,

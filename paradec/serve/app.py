@@ -41,7 +41,9 @@ RETRY_AFTER_S = 1
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI fields paradec does not use (user, logprobs=None, ...)
+    # other fields: a method's options (``eagle_topk``: ``methods.option_table``); OpenAI's that paradec
+    # does not use (user, logprobs=None, ...) are ignored
+    model_config = ConfigDict(extra="allow")
 
     model: str
     max_tokens: StrictInt | None = Field(None, ge=0)  # strict: `true` is not a token count
@@ -158,6 +160,12 @@ class _Reply:
         return self._chunk([], self.usage())
 
 
+def _method_options(req: _Request) -> dict:
+    """The request's fields that are method options (the rest of its extra fields are OpenAI's)."""
+    table = methods.option_table()
+    return {k: v for k, v in (req.model_extra or {}).items() if k in table}
+
+
 class _Api:
     """What the routes share: the worker and its engine, the served model name and methods, the limits."""
 
@@ -192,7 +200,8 @@ class _Api:
                 top_p=req.top_p,
                 seed=req.seed,
                 stop=req.stop,
-                **({"deterministic": True} if fixed else {}),
+                deterministic=bool(fixed),
+                **_method_options(req),
             )
         except ParadecError as exc:
             raise ApiError(400, str(exc)) from None
@@ -261,7 +270,7 @@ class _Api:
 def create_app(
     worker: Worker,
     model_name: str,
-    default_method: str = "auto",
+    default_method: str = methods.DEFAULT,
     api_key: str | None = None,
     max_tokens_limit: int = 4096,
     max_body_bytes: int = MAX_BODY_BYTES,

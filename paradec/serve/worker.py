@@ -7,7 +7,7 @@ new text. A finished or cancelled request leaves and frees its row at the next s
 request is its own group: its own drafter state (SSM caches, n-gram tables; ProPD's policy
 is the engine's, learned per batch size) and its own sampling settings and seeded generator.
 
-A method with a loop of its own (ASPD's hybrid decoder: ``aspd``, ``aspd+spec``) cannot share
+A method with a loop of its own (``Method.decode``/``stream``, as ASPD's hybrid decoder) cannot share
 the scheduler's cache; such a request runs its own stream, advanced one forward pass per
 worker step, interleaved with the scheduler's steps (at most ``max_batch`` of them at once).
 """

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from paradec.config import DEFAULT_TREE_NODES
+from paradec.draft.base import DEFAULT_TREE_NODES
 from paradec.engine import load
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.train.boost import continuation_samples
