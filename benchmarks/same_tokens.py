@@ -35,13 +35,25 @@ def _done(path: Path) -> set[tuple[str, int, int]]:
     return {(r["method"], r["batch"], r["prompt"]) for r in rows}
 
 
+def _prompts(args: argparse.Namespace) -> list[str]:
+    """The first ``per_category`` of each category but the first ``skip``, at most ``n`` of them
+    (two runs, ``--per-category 4`` and ``--skip 4 --per-category 9``, split the first 9 of each)."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in load_prompts(args.prompts, per_category=args.per_category):
+        seen[p.category] = seen.get(p.category, 0) + 1
+        if seen[p.category] > args.skip:
+            out.append(p.text)
+    return out[: args.n]
+
+
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "tokens.jsonl"
     done = _done(path)
-    prompts = [p.text for p in load_prompts(args.prompts, limit=args.n, per_category=args.per_category)]
+    prompts = _prompts(args)
     model = default_gguf()
     drafts, heads = zoo_drafts(model), zoo_heads(model)
     names = [m.name for m in methods.methods() if m.decode is None]
@@ -98,6 +110,7 @@ def main() -> None:
     r.add_argument("--prompts", required=True, help="Spec-Bench question.jsonl")
     r.add_argument("--n", type=int, default=105, help="at most N prompts")
     r.add_argument("--per-category", type=int, default=9, help="the first K of each Spec-Bench category")
+    r.add_argument("--skip", type=int, default=0, help="but not the first K of each")
     r.add_argument("--batched", type=int, default=16, help="the first N prompts again, in batches of 4")
     r.add_argument("--max-new-tokens", type=int, default=24)
     r.add_argument("--threads", type=int, default=1)

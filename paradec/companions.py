@@ -37,7 +37,8 @@ class Companion:
             return self.present(target)
         return bool(target.companions.get(self.name))
 
-    def missing(self, method: str) -> ParadecError:
+    def error(self, method: str) -> ParadecError:
+        """What ``method`` says when this is not loaded: what it is and how to get it."""
         fix = self.fix or f"load {'them' if self.summary.endswith('s') else 'it'} ({self.name}=PATH)"
         return ParadecError(f"method {method} needs {self.summary}; {fix}")
 

@@ -92,7 +92,7 @@ class Method:
             )
         missing = self.missing(target, gen)
         if missing:
-            raise companions.get(missing[0]).missing(self.name)
+            raise companions.get(missing[0]).error(self.name)
         self.check_options(gen)
 
     def check_options(self, gen: GenerationConfig) -> None:
