@@ -122,7 +122,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
                 "branches_per_group",
                 "well_formed",
                 "acceptance",
-                "identical_to_aspd",
+                *_same_tokens_keys(mine),
             ):
                 vals = [r[key] for r in mine if r.get(key) is not None]
                 row[key] = statistics.mean(vals) if vals else None
@@ -135,6 +135,12 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
             row["identical_to_ar"] = sum(ident) / len(ident) if ident else None
             out.append(row)
     return out
+
+
+def _same_tokens_keys(records: list[dict]) -> list[str]:
+    """``identical_to_X`` for the methods X a method must equal where that is not `ar`
+    (``Method.same_tokens_as``: aspd+spec's aspd)."""
+    return sorted({k for r in records for k in r if k.startswith("identical_to_") and k != "identical_to_ar"})
 
 
 COLUMNS = [
@@ -168,7 +174,7 @@ def write_outputs(result: dict, out_dir: str | Path) -> str:
             "nll_twin",
             "well_formed",
             "acceptance",
-            "identical_to_aspd",
+            *_same_tokens_keys(rows),
             "parses",
         )
         if any(r.get(c) is not None for r in rows)
