@@ -30,7 +30,14 @@ def option(
 
 
 # the value types an option may have, as the edges parse them
-TYPES = {"bool": bool, "int": int, "float": float, "str": str, "int | None": int, "tuple[int, ...]": tuple}
+TYPES = {
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "str": str,
+    "int | None": int | None,
+    "tuple[int, ...]": tuple[int, ...],
+}
 
 
 @dataclass(frozen=True)
@@ -52,9 +59,9 @@ class Option:
 
     def parse(self, value: Any) -> Any:
         """``value`` as this option's type, or a ParadecError naming the option and the type."""
-        kind = TYPES[self.type]
         if self.type == "int | None" and value is None:
             return None
+        kind = int if self.type == "int | None" else TYPES[self.type]
         if self.type == "tuple[int, ...]":
             if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 return tuple(value)
@@ -73,9 +80,9 @@ def options_of(kind: type) -> list[Option]:
     hints = typing.get_type_hints(kind)
     out = []
     for f in dataclasses.fields(kind):
-        type_name = str(hints[f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
-        if type_name not in TYPES:
-            raise TypeError(f"option {kind.__name__}.{f.name}: type {type_name} is not one of {', '.join(TYPES)}")
+        type_name = next((name for name, t in TYPES.items() if t == hints[f.name]), None)
+        if type_name is None:
+            raise TypeError(f"option {kind.__name__}.{f.name}: type {hints[f.name]} is not one of {', '.join(TYPES)}")
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         meta = f.metadata
         out.append(
