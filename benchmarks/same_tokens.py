@@ -56,8 +56,9 @@ def run(args: argparse.Namespace) -> None:
     prompts = _prompts(args)
     model = default_gguf()
     drafts, heads = zoo_drafts(model), zoo_heads(model)
-    names = [m.name for m in methods.methods() if m.decode is None]
-    own = [m.name for m in methods.methods() if m.decode is not None]
+    chosen = [m for m in methods.methods() if not args.methods or m.name in args.methods.split(",")]
+    names = [m.name for m in chosen if m.decode is None]
+    own = [m.name for m in chosen if m.decode is not None]
     engines = [(paradec.load(model, quant="int4", drafts=drafts[:1], heads=heads, eagle=zoo_eagle(model)), names)]
     if own:
         engines.append((paradec.load(bundled_aspd(), quant="int4"), own))
@@ -114,6 +115,7 @@ def main() -> None:
     r.add_argument("--batched", type=int, default=16, help="the first N prompts again, in batches of 4")
     r.add_argument("--max-new-tokens", type=int, default=24)
     r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--methods", default="", help="comma-separated (default: every registered method)")
     r.add_argument("--out", required=True)
     c = sub.add_parser("compare")
     c.add_argument("old")
