@@ -13,6 +13,7 @@ names``: ``PruneOptions`` with ``prune`` on needs the heads' early head).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -75,8 +76,9 @@ class Option:
         return value
 
 
-def options_of(kind: type) -> list[Option]:
-    """The options of record ``kind``, in field order."""
+@functools.cache
+def options_of(kind: type) -> tuple[Option, ...]:
+    """The options of record ``kind``, in field order (read once per record: every request asks)."""
     hints = typing.get_type_hints(kind)
     out = []
     for f in dataclasses.fields(kind):
@@ -97,7 +99,7 @@ def options_of(kind: type) -> list[Option]:
                 meta.get("sets", True),
             )
         )
-    return out
+    return tuple(out)
 
 
 def build(kind: type, values: dict[str, Any]) -> Any:

@@ -90,9 +90,8 @@ class BenchConfig:
         unknown = [k for k in self.options if k not in table]
         if unknown:
             raise ParadecError(f"unknown option {unknown[0]}=; the options are: {', '.join(table)}")
-        for m in self.methods:  # each method's options are checked now, before any model loads
-            if split_method(m)[0] not in PEERS:
-                methods.generation_config(split_method(m)[0], **method_options(split_method(m)[0], self.options))
+        for base in {split_method(m)[0] for m in self.methods} - set(PEERS):  # checked before any model loads
+            methods.generation_config(base, **method_options(base, self.options))
         for m in self.methods:
             needs = method_needs(m)
             files = [c for c in companions.loadable() if c.name in needs and not self.companions.get(c.name)]
