@@ -128,23 +128,23 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
         return AutoDrafter({}, {}, None, AutoStats(frozen=True), gen.sampling)
     fixed = gen.with_option(TreeOptions, dynamic=False).with_option(PruneOptions, prune=False)
     fixed = fixed.with_option(LookupOptions, with_ngram=False)
-    arms: dict[str, Drafter] = {}
-    sizes: dict[str, int] = {}
-    loaded, tree_nodes = target.companions, gen.option(TreeOptions).tree_nodes
-    if loaded.get("eagle") is not None:
-        arms["eagle"], sizes["eagle"] = eagle(target, fixed), tree_nodes or EAGLE_TREE_NODES
-    if loaded.get("heads") is not None:
-        arms["medusa"] = heads(target, fixed)
-        sizes["medusa"] = tree_nodes or loaded["heads"].meta.get("tree_nodes", DEFAULT_TREE_NODES)
-    if loaded.get("drafts"):
-        arms["specinfer"] = specinfer(target, fixed)
-        sizes["specinfer"] = arms["specinfer"].max_nodes
-    per_match, most = PLD_DRAFT["none"]  # the longest chains: auto verifies what pays of them
-    lookup = NgramDrafter(gen.option(LookupOptions).max_ngram, most, 1, per_match=per_match)
     if gen.deterministic:
         stats = AutoStats(target.cost, frozen=True)
     else:
         stats = target.policies.setdefault(("auto",), AutoStats(target.cost))
+    arms: dict[str, Drafter] = {}
+    sizes: dict[str, int] = {}
+    loaded, tree_nodes = target.companions, gen.option(TreeOptions).tree_nodes
+    if loaded.get("eagle") is not None and stats.offers("eagle"):  # a retired drafter is not built
+        arms["eagle"], sizes["eagle"] = eagle(target, fixed), tree_nodes or EAGLE_TREE_NODES
+    if loaded.get("heads") is not None and stats.offers("medusa"):
+        arms["medusa"] = heads(target, fixed)
+        sizes["medusa"] = tree_nodes or loaded["heads"].meta.get("tree_nodes", DEFAULT_TREE_NODES)
+    if loaded.get("drafts") and stats.offers("specinfer"):
+        arms["specinfer"] = specinfer(target, fixed)
+        sizes["specinfer"] = arms["specinfer"].max_nodes
+    per_match, most = PLD_DRAFT["none"]  # the longest chains: auto verifies what pays of them
+    lookup = NgramDrafter(gen.option(LookupOptions).max_ngram, most, 1, per_match=per_match)
     return AutoDrafter(arms, sizes, lookup, stats, gen.sampling, lazy=frozenset({"specinfer"}))
 
 

@@ -10,7 +10,10 @@ from conftest import PROMPTS, two_token_joint_tv
 
 import paradec
 from paradec.cpu import PassCost
-from paradec.policy.auto import EXPLORE_EVERY, AutoStats, Option, RowStats, choose
+from paradec.draft.eagle import EagleDrafter
+from paradec.draft.heads import HeadDrafter
+from paradec.policy import auto as policy
+from paradec.policy.auto import EXPLORE_EVERY, RETIRE_AFTER, RETIRE_FOR, AutoStats, Option, RowStats, choose
 
 N_NEW = 24
 REPEATS = ["a b c d e f g a b c d e f g a b c", "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n"]
@@ -70,6 +73,38 @@ def test_llamacpp_like_runtime_without_drafters_is_ar(llama_dir):
     out = engine.generate(REPEATS, method="auto", max_new_tokens=N_NEW, ignore_eos=True)
     assert [g.token_ids for g in out] == ar
     assert set().union(*(g.stats.drafters for g in out)) <= {"ar", "pld"}  # prompt lookup alone is loaded
+
+
+def test_a_drafter_the_engine_keeps_not_choosing_is_retired_at_once(engine, monkeypatch):
+    """Every model drafter retired after 8 row-steps: they stop running within the request (no more
+    proposals), the next request does not build them, and the tokens stay `ar`'s."""
+    monkeypatch.setattr(policy, "RETIRE_AFTER", 8)
+    monkeypatch.setattr(policy, "RETIRE_SHARE", 1.1)  # any share retires
+    engine.policies.pop(("auto",), None)
+    built, asked = [], []
+    monkeypatch.setattr(EagleDrafter, "begin", _spy(built, EagleDrafter.begin))
+    monkeypatch.setattr(HeadDrafter, "propose", _spy(asked, HeadDrafter.propose))
+    prompt = REPEATS[0]
+    ar = engine.generate(prompt, max_new_tokens=N_NEW, ignore_eos=True).token_ids
+    first = engine.generate(prompt, method="auto", max_new_tokens=N_NEW, ignore_eos=True, deterministic=True)
+    assert first.token_ids == ar  # deterministic: frozen statistics, so nothing is retired
+    assert {"eagle", "medusa", "specinfer"} <= set(first.stats.drafters) and len(asked) == first.stats.steps
+    built.clear()
+    asked.clear()
+    outs = [engine.generate(prompt, method="auto", max_new_tokens=N_NEW, ignore_eos=True) for _ in range(2)]
+    assert [out.token_ids for out in outs] == [ar, ar]
+    assert set(engine.policies[("auto",)].retired) == {"eagle", "medusa", "specinfer"}
+    assert outs[0].stats.steps > 8 and len(asked) == 8  # asked at every step until it was retired
+    assert len(built) == 1  # built for the first request, not for the second
+    assert set(outs[1].stats.drafters) <= {"ar", "pld"}
+
+
+def _spy(calls: list, method):
+    def wrapped(self, *args, **kwargs):
+        calls.append(1)
+        return method(self, *args, **kwargs)
+
+    return wrapped
 
 
 # ---- the choice ---------------------------------------------------------------------------------
@@ -158,3 +193,25 @@ def test_a_row_that_only_decodes_looks_again():
     row = RowStats(stats.accept)
     picks = [choose(stats, row, [Option("eagle", 8)], 1).drafter for _ in range(EXPLORE_EVERY)]
     assert picks[:-1] == ["ar"] * (EXPLORE_EVERY - 1) and picks[-1] == "eagle"
+
+
+def test_retirement_counts_choices_on_value_and_ends():
+    stats = AutoStats(proportional())
+    row = RowStats(stats.accept)
+    for _ in range(RETIRE_AFTER):  # eagle never pays here: chosen only when the row looks again
+        stats.tally(["eagle", "pld"], choose(stats, row, [Option("eagle", 8), Option("pld", 4)], 1))
+    assert not stats.offers("eagle") and stats.offers("pld")  # prompt lookup costs nothing to offer
+    for _ in range(RETIRE_FOR):
+        stats.tally([], choose(stats, row, [Option("pld", 4)], 1))
+    assert stats.offers("eagle")  # its term is over: offered and judged again
+
+    paying = AutoStats(PassCost.flat())
+    learned(paying, "eagle", 0, 0.6)
+    row = RowStats(paying.accept)
+    for _ in range(2 * RETIRE_AFTER):
+        paying.tally(["eagle"], choose(paying, row, [Option("eagle", 8)], 1))
+    assert paying.offers("eagle")
+    frozen = AutoStats(proportional(), frozen=True)
+    for _ in range(2 * RETIRE_AFTER):
+        frozen.tally(["eagle"], choose(frozen, RowStats(frozen.accept), [Option("eagle", 8)], 1))
+    assert frozen.offers("eagle")  # a deterministic call's choices follow its own tokens alone

@@ -7,7 +7,8 @@ SSMs) are options at the size they proposed last. The drafters no row chose are 
 this step (``set_width(0)``: no head or SSM passes) but still see every commit, so their state
 stays in step with the text and they can be chosen at the next step. Each proposal carries the
 name of the drafter that made it (``Proposal.source``), which the scheduler counts per row: the
-answer says which drafters ran and how often.
+answer says which drafters ran and how often. A drafter the engine retires (``policy.auto``: it
+keeps not being chosen) is dropped at once: no more passes, commits or offers in this request.
 """
 
 from __future__ import annotations
@@ -75,12 +76,16 @@ class AutoDrafter(DrafterHooks):
                 chains.append(self.lookup.propose(seq))
                 matched.append(self.lookup.matched)  # the context of its statistics: a longer match, a surer chain
             self.stats.observe_draft("pld", time.perf_counter() - t0)
+        for name in [name for name in self.arms if not self.stats.offers(name)]:
+            del self.arms[name]
+            self.started.discard(name)
         self.choices = []
         for b in range(len(sequences)):
             options = [Option(name, self.sizes[name]) for name in self.arms]
             if chains is not None and len(chains[b].tokens) > 1:
                 options.append(Option("pld", len(chains[b].tokens) - 1, matched[b]))
             self.choices.append(choose(self.stats, self.rows[b], options, self.batch))
+            self.stats.tally(list(self.arms), self.choices[-1])
         drafted = {}
         for name, arm in self.arms.items():
             widths = [c.width for c in self.choices if c.drafter == name]

@@ -20,13 +20,20 @@ For a row in a pass of ``batch`` rows, drafter a with its tree cut to w nodes (r
 `ar` is w = 1: value 1 / T(batch) / batch. A drafter's statistics forget with its own observations
 only, so one tried rarely keeps what was measured of it; a row whose choice has been `ar` for
 EXPLORE_EVERY steps tries its next-best drafter once, so statistics that have drifted are seen again.
+
+A model drafter costs something on every step it is offered, chosen or not: its set-up at
+admission (EAGLE's head over the prompt), its state kept in step with every commit, the rows
+that explore it. One that the engine chose on fewer than RETIRE_SHARE of RETIRE_AFTER row-steps
+is retired for the engine (``AutoStats.retired``): no request builds it or offers it until
+RETIRE_FOR more row-steps have gone by, then it is offered and judged again. Prompt lookup costs
+nothing to offer and is never retired.
 Every input is known before the step's draws, so the output stays the target's: token for token in greedy mode,
 in distribution when sampling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from paradec.cpu import PassCost
 from paradec.policy.budget import Acceptance
@@ -35,6 +42,10 @@ from paradec.policy.dynamic import CurveLatency, LatencyModel
 EXPLORE_EVERY = 48  # steps of `ar` in a row after which a row tries its next-best drafter once
 ROW_WEIGHT = 4.0  # the engine's rate counts as this many of the row's own observations
 ROW_DECAY = 0.9  # a row's own statistics forget fast: the text changes within an answer
+RETIRE_AFTER = 256  # row-steps a model drafter is offered before the engine judges its share
+RETIRE_SHARE = 0.01  # chosen (on value, not to explore) on fewer of them: retired ...
+RETIRE_FOR = 4096  # ... for this many of the engine's row-steps
+FREE = frozenset({"pld"})  # drafters that cost nothing to offer: never retired
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class Choice:
     width: int  # nodes verified, root included (1: nothing drafted)
     context: int = 0
     value: float = 0.0  # expected committed tokens per second of the row
+    explored: bool = False  # taken to look again (EXPLORE_EVERY), not because it was the best
 
 
 @dataclass
@@ -64,18 +76,47 @@ class AutoStats:
     frozen: bool = False  # deterministic: no timings, no curve, so the choice follows the tokens alone
     accept: Acceptance = field(default_factory=lambda: Acceptance(per_key=True))
     draft_s: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per step (recent average)
+    steps: int = 0  # row-steps this engine has chosen for
+    offered: dict[str, int] = field(default_factory=dict)  # model drafter -> row-steps offered (this term)
+    chosen: dict[str, int] = field(default_factory=dict)  # ... and chosen on value
+    retired: dict[str, int] = field(default_factory=dict)  # model drafter -> the row-step it is offered again
 
     def __post_init__(self) -> None:
         self.latency = CurveLatency(self.curve) if self.curve is not None else LatencyModel()
+        self._pass_s: dict[int, float] = {}  # positions -> predicted seconds, until the next observation
 
     def pass_s(self, positions: int) -> float:
         if self.frozen:  # no measurement of any kind (this CPU's curve neither): every width costs the same
             return 1.0
-        return self.latency.predict(positions)
+        if positions not in self._pass_s:
+            self._pass_s[positions] = self.latency.predict(positions)
+        return self._pass_s[positions]
 
     def observe_pass(self, positions: int, seconds: float) -> None:
         if not self.frozen:
             self.latency.observe(positions, seconds)
+            self._pass_s.clear()
+
+    def offers(self, drafter: str) -> bool:
+        """Whether ``drafter`` is offered now (not retired, or its term is over)."""
+        return self.retired.get(drafter, 0) <= self.steps
+
+    def tally(self, offered: list[str], choice: Choice) -> None:
+        """One row-step: the model drafters it offered and what it chose; retires those the engine
+        keeps not choosing (see the module's docstring)."""
+        self.steps += 1
+        if self.frozen:  # a deterministic call: its choices follow its own tokens alone
+            return
+        for name in offered:
+            if name in FREE:
+                continue
+            self.offered[name] = self.offered.get(name, 0) + 1
+            if choice.drafter == name and not choice.explored:
+                self.chosen[name] = self.chosen.get(name, 0) + 1
+            if self.offered[name] >= RETIRE_AFTER:
+                if self.chosen.get(name, 0) < RETIRE_SHARE * self.offered[name]:
+                    self.retired[name] = self.steps + RETIRE_FOR
+                self.offered[name] = self.chosen[name] = 0
 
     def observe_draft(self, drafter: str, seconds: float, decay: float = 0.8) -> None:
         if not self.frozen:
@@ -133,5 +174,5 @@ def choose(stats: AutoStats, row: RowStats, options: list[Option], batch: int) -
     row.plain = row.plain + 1 if best.drafter == "ar" else 0
     if row.plain >= EXPLORE_EVERY and runner_up is not None:  # look again at what is not run
         row.plain = 0
-        return runner_up
+        return replace(runner_up, explored=True)
     return best
