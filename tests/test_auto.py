@@ -9,9 +9,12 @@ import torch
 from conftest import PROMPTS, two_token_joint_tv
 
 import paradec
+from paradec.config import SamplingConfig
 from paradec.cpu import PassCost
+from paradec.draft.auto import AutoDrafter, Shadow
 from paradec.draft.eagle import EagleDrafter
 from paradec.draft.heads import HeadDrafter
+from paradec.draft.ngram import NgramDrafter
 from paradec.policy import auto as policy
 from paradec.policy.auto import EXPLORE_EVERY, RETIRE_AFTER, RETIRE_FOR, AutoStats, Option, RowStats, choose
 
@@ -97,6 +100,26 @@ def test_a_drafter_the_engine_keeps_not_choosing_is_retired_at_once(engine, monk
     assert outs[0].stats.steps > 8 and len(asked) == 8  # asked at every step until it was retired
     assert len(built) == 1  # built for the first request, not for the second
     assert set(outs[1].stats.drafters) <= {"ar", "pld"}
+
+
+def test_a_declined_lookup_chain_is_scored_by_what_the_row_commits(engine, monkeypatch):
+    """The engine believes lookup chains fail (learned at 5 %) and a 2-position pass costs 1.1 steps,
+    so the row starts on `ar`. On a text that repeats itself, the chains it declines are scored by
+    the tokens it commits next, and it starts drafting within the answer (never, if they are not)."""
+
+    def run() -> paradec.Generation:
+        stats = AutoStats(PassCost("gentle", (1, 64), (0.01, 0.01 + 63 * 0.001)))
+        for matched in range(1, 5):
+            learned(stats, "pld", matched, 0.05)
+        drafter = AutoDrafter({}, {}, NgramDrafter(4, 16, 1, per_match=4), stats, SamplingConfig())
+        return engine.generate(REPEATS[0], method="auto", drafter=drafter, max_new_tokens=N_NEW, ignore_eos=True)
+
+    ar = engine.generate(REPEATS[0], max_new_tokens=N_NEW, ignore_eos=True).token_ids
+    out = run()
+    assert out.token_ids == ar and out.stats.drafters.get("pld", 0) >= 3
+    monkeypatch.setattr(Shadow, "feed", lambda self, committed: False)  # never scored
+    out = run()
+    assert out.token_ids == ar and "pld" not in out.stats.drafters
 
 
 def _spy(calls: list, method):

@@ -154,8 +154,8 @@ def test_needs_are_checked_before_decoding(llama_dir):
         ("or drop chat=True)", "or drop --chat)"),
         ("(set prune=False)", "(set --no-prune)"),
         (
-            "batch_size=, repeats= and max_new_tokens= must be >= 1",
-            "--batch-size, --repeats and --max-new-tokens must be >= 1",
+            "batch_size=, repeats=, max_new_tokens= and oracle_depth= must be >= 1",
+            "--batch-size, --repeats, --max-new-tokens and --oracle-depth must be >= 1",
         ),
         ("rope_scaling=linear is not a flag", "rope_scaling=linear is not a flag"),
     ],

@@ -84,8 +84,8 @@ class BenchConfig:
                 raise ParadecError(f"{base} runs on the torch backend only; drop @llamacpp from {m}")
         if any("gguf" in method_needs(m) for m in self.methods) and not self.model.endswith(".gguf"):
             raise ParadecError("llamacpp runs a GGUF file; pass model=FILE.gguf")
-        if self.batch_size < 1 or self.repeats < 1 or self.max_new_tokens < 1:
-            raise ParadecError("batch_size=, repeats= and max_new_tokens= must be >= 1")
+        if min(self.batch_size, self.repeats, self.max_new_tokens, self.oracle_depth) < 1:
+            raise ParadecError("batch_size=, repeats=, max_new_tokens= and oracle_depth= must be >= 1")
         table = methods.option_table()
         unknown = [k for k in self.options if k not in table]
         if unknown:

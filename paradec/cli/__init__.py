@@ -121,6 +121,12 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--repeats", type=int, default=bd["repeats"])
     b.add_argument("--seed", type=int, default=bd["seed"])
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
+    b.add_argument(
+        "--oracle-depth",
+        type=int,
+        default=bd["oracle_depth"],
+        help="oracle: the chain of `ar`'s own next tokens it drafts (the draft budget verifies what pays of it)",
+    )
     add_options(b)  # each applies to the methods that have it; --tree-nodes also turns the draft budget off
     b.add_argument(
         "--first-turn",
@@ -234,6 +240,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         device=args.device,
         seed=args.seed,
         stop_at_eos=args.stop_at_eos,
+        oracle_depth=args.oracle_depth,
         chat=not args.no_chat,
         first_turn=args.first_turn,
         exact=not args.no_exact,

@@ -9,11 +9,19 @@ stays in step with the text and they can be chosen at the next step. Each propos
 name of the drafter that made it (``Proposal.source``), which the scheduler counts per row: the
 answer says which drafters ran and how often. A drafter the engine retires (``policy.auto``: it
 keeps not being chosen) is dropped at once: no more passes, commits or offers in this request.
+
+A prompt-lookup chain a row did not verify is still scored: the tokens the row commits next say
+how much of it would have been accepted (``Shadow``), and that counts as an observation of its
+context. The chain is a point mass, so "the committed token is the drafted one" happens with
+exactly the chance that verification would accept it, when sampling as in greedy mode; and it
+is read after the draws it scores, for later steps' choices only. Without it, a row that chose
+`ar` for a context never learned that on its text that context's chains are accepted.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -26,6 +34,25 @@ from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose
 from paradec.state import StepReport
 from paradec.tree.proposal import Proposal, merge
 from paradec.tree.tree import TokenTree
+
+
+@dataclass
+class Shadow:
+    """A prompt-lookup chain a row did not verify, scored against what the row commits next."""
+
+    key: tuple  # (drafter, context) of its statistics
+    tokens: list[int]  # [k] the chain past its root
+    hits: int = 0  # its first ``hits`` tokens were committed, in order
+
+    def feed(self, committed: list[int]) -> bool:
+        """Reads the row's newly committed tokens; True once the chain's fate is known."""
+        for tok in committed:
+            if tok != self.tokens[self.hits]:
+                return True
+            self.hits += 1
+            if self.hits == len(self.tokens):
+                return True
+        return False
 
 
 class AutoDrafter(DrafterHooks):
@@ -50,6 +77,7 @@ class AutoDrafter(DrafterHooks):
         self.lazy, self.started, self.max_len = lazy, set(), 0
         self.greedy = sampling.greedy
         self.rows: list[RowStats] = []
+        self.shadows: list[list[Shadow]] = []  # per row: declined lookup chains not yet scored
         self.choices: list[Choice] = []  # per row: this step's choice
         self.trees: list[Proposal] = []  # per row: what it verified
         self.batch = 1  # rows in the last pass (the scheduler's, not only this group's)
@@ -65,6 +93,7 @@ class AutoDrafter(DrafterHooks):
         for name in self.started:
             self.arms[name].begin(prompts, max_len, features)
         self.rows = [RowStats(self.stats.accept) for _ in prompts]
+        self.shadows = [[] for _ in prompts]
         self.batch = max(self.batch, len(prompts))
 
     def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]:
@@ -109,6 +138,8 @@ class AutoDrafter(DrafterHooks):
                 prop = drafted[c.drafter][b]
                 prop = prop.cut(c.width) if self.greedy else prop
             prop.source = c.drafter
+            if c.drafter != "pld" and chains is not None and len(chains[b].tokens) > 1:
+                self.shadows[b].append(Shadow(("pld", matched[b]), chains[b].tokens[1:]))
             if self.greedy:  # the batch budget may cut it further: what each width is expected to commit
                 rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
                 prop.gains = list(accumulate(rates, initial=1.0))
@@ -125,6 +156,13 @@ class AutoDrafter(DrafterHooks):
         self.rows[row].tick()
         if c.drafter != "ar" and offered > 0:
             self.rows[row].observe((c.drafter, c.context), offered, _path(tree, accepted))
+        pending = []
+        for shadow in self.shadows[row]:
+            if shadow.feed([*accepted, bonus]):
+                self.rows[row].observe(shadow.key, len(shadow.tokens), list(range(1, shadow.hits + 1)))
+            else:
+                pending.append(shadow)
+        self.shadows[row] = pending
 
     def observe(self, step: StepReport) -> None:
         self.batch = step.batch
