@@ -48,9 +48,13 @@ def test_cut_chains_keep_ar_output(engine, width):
     assert sum(g.stats.nodes for g in cut) > sum(g.stats.verified for g in cut)
 
 
-def test_auto_prices_its_rows_and_the_batch_cuts_them(engine):
+def test_auto_prices_its_rows_and_the_batch_cuts_them(engine, monkeypatch):
     """A pass is as wide as its widest row: auto hands the budget what each of its rows expects at
-    each width, the budget cuts the batch, and auto learns only from the nodes verified."""
+    each width, the budget cuts the batch, and auto learns only from the nodes verified (of the
+    trees it verifies: the lookup chains it declines are scored by what follows; off here)."""
+    from paradec.draft.auto import Shadow
+
+    monkeypatch.setattr(Shadow, "feed", lambda self, committed: False)
     ar = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)
     engine.policies.pop(("auto",), None)
     engine.budget = Fixed(2)
