@@ -27,6 +27,7 @@ that explore it. One that the engine chose on fewer than RETIRE_SHARE of RETIRE_
 is retired for the engine (``AutoStats.retired``): no request builds it or offers it until
 RETIRE_FOR more row-steps have gone by, then it is offered and judged again. Prompt lookup costs
 nothing to offer and is never retired.
+
 Every input is known before the step's draws, so the output stays the target's: token for token in greedy mode,
 in distribution when sampling.
 """
