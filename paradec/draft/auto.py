@@ -156,9 +156,9 @@ class AutoDrafter(DrafterHooks):
         self.rows[row].tick()
         if c.drafter != "ar" and offered > 0:
             self.rows[row].observe((c.drafter, c.context), offered, _path(tree, accepted))
-        pending = []
+        pending, committed = [], [*accepted, bonus]
         for shadow in self.shadows[row]:
-            if shadow.feed([*accepted, bonus]):
+            if shadow.feed(committed):
                 self.rows[row].observe(shadow.key, len(shadow.tokens), list(range(1, shadow.hits + 1)))
             else:
                 pending.append(shadow)
