@@ -76,12 +76,15 @@ def _backend(model, model_dir: Path, torch_cost, remeasure: bool):
     measured curve or None)."""
     from paradec.config import ModelConfig
     from paradec.models.gguf import is_gguf
-    from paradec.models.llamacpp import INSTALL, LlamaCppModel, available, llamacpp_cost
+    from paradec.models.llamacpp import INSTALL, LlamaCppModel, available, crashes, llamacpp_cost
 
     if not is_gguf(model):
         return "torch (llama.cpp runs GGUF files; this model is a directory)", None
     if not available():
         return f"torch (llama-cpp-python is not installed; {INSTALL} adds llama.cpp's kernels)", None
+    crash = crashes(model, torch.get_num_threads(), paradec_home())
+    if crash is not None:
+        return f"torch ({crash})", None
     lc = LlamaCppModel(model, ModelConfig.from_dir(model_dir), torch.get_num_threads())
     cost, _, _ = llamacpp_cost(lc, paradec_home(), remeasure)
     ms, torch_ms = cost.predict(1) * 1e3, torch_cost.predict(1) * 1e3

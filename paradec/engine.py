@@ -11,6 +11,7 @@ proposes trees and the acceptance rule (``paradec.verify``).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,15 +21,15 @@ import torch
 
 from paradec import companions, methods
 from paradec.config import GenerationConfig, ModelConfig
-from paradec.cpu import DTYPES, FormatChoice, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
+from paradec.cpu import DTYPES, FormatChoice, ParadecWarning, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
 from paradec.draft import Drafter, NgramDrafter, TreeDrafter
 from paradec.draft.ngram import PLD_DRAFT
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.gguf import is_gguf, paradec_home, resolve_model
-from paradec.models.llamacpp import BACKENDS, LlamaCppModel, llamacpp_cost
+from paradec.models.llamacpp import BACKENDS, LlamaCppModel, crashes, llamacpp_cost
 from paradec.models.llamacpp import available as llamacpp_available
-from paradec.models.quant import QUANTS, quantize_linears
+from paradec.models.quant import QUANTS, pack_linears, quantize_linears
 from paradec.policy import TreePolicy
 from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
@@ -263,7 +264,8 @@ def load(
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
     choice = choose_format(model_dir, dtype, quant, device, exact)
     eligible = is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available()
-    if asked == "llamacpp" or (asked == "auto" and eligible):  # llama.cpp where it may run and measures faster
+    wanted = asked == "llamacpp" or (asked == "auto" and eligible)
+    if wanted and _llamacpp_runs(source, asked, threads):  # llama.cpp where it may run and measures faster
         lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
         lc_choice = _llamacpp_choice(lc, choice, asked, AUTO_MARGIN if optional else 1.0)
         if lc_choice is not None:
@@ -292,6 +294,7 @@ def _engine_on_torch(model_dir: Path, choice: FormatChoice, device, exact, quant
     model = load_model(model_dir, choice.dtype, device)
     model.set_exact(exact)
     quantize_linears(model, choice.quant, quant_head)
+    pack_linears(model)  # the bf16 linears left, where oneDNN packs them row-invariantly
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
     engine.quant = choice.quant  # draft models get the target's weight format
     for c in companions.loadable():  # in registration order
@@ -332,6 +335,17 @@ def _check_load_args(threads: int | None, dtype, device: str, quant: str, quant_
         )
     if quant not in ("none", "auto") and not device.startswith("cpu"):
         raise ParadecError(f"quant={quant} uses torch's packed CPU kernels; use device=cpu or quant=none")
+
+
+def _llamacpp_runs(source: Path, asked: str, threads: int | None) -> bool:
+    """Whether llama.cpp's kernels run on this CPU without killing the process (``llamacpp.crashes``);
+    if not: backend=llamacpp is an error with the fix, auto a warning and torch."""
+    crash = crashes(source, threads or torch.get_num_threads(), paradec_home())
+    if crash is not None and asked == "llamacpp":
+        raise ParadecError(crash)
+    if crash is not None:
+        warnings.warn(ParadecWarning(f"{crash}; running on torch"), stacklevel=3)
+    return crash is None
 
 
 def _check_llamacpp(source: Path, torch_only: list[str]) -> None:

@@ -26,7 +26,7 @@ from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
 from paradec.models.eagle import load_eagle
 from paradec.models.heads import load_heads
-from paradec.models.quant import quantize_linears
+from paradec.models.quant import pack_linears, quantize_linears
 from paradec.parallel.grammar import Specials
 from paradec.policy import TreePolicy
 from paradec.policy.auto import AutoStats
@@ -178,6 +178,7 @@ def load_drafts(target: Target, paths: list[str | Path]) -> list[Transformer]:
         draft = load_model(path, dtype, target.device)
         draft.set_exact(False)  # a draft's rounding never reaches the output
         quantize_linears(draft, target.quant)
+        pack_linears(draft)
         if draft.config.vocab_size != target.model.config.vocab_size:
             raise ParadecError(
                 f"draft {path} has a vocabulary of {draft.config.vocab_size}, the target "

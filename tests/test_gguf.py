@@ -277,3 +277,25 @@ def test_bench_feeds_the_second_turn_after_the_models_own_answer(tiny_gguf, tmp_
     )
     plain = encode_prompts(engine, load_prompts(qfile), BenchConfig(**{**cfg.__dict__, "chat": False}))
     assert [p.id for p, _ in plain] == ["7", "8"] and plain[0][1] == engine.tokenizer.encode("first question")
+
+
+def test_a_llamacpp_build_that_kills_its_process_is_refused_with_the_fix(tiny_gguf, paradec_home, monkeypatch):
+    """llama.cpp's kernels are tried once in a child process before paradec runs them: a build that
+    dies there (SIGILL, as a native build did on an AMX Xeon VM) is refused with the rebuild to do
+    (backend=llamacpp) or passed over with a warning (auto), and the verdict is cached."""
+    from paradec import engine as engine_mod
+    from paradec.cpu import ParadecWarning
+    from paradec.models import llamacpp
+
+    path, _ = tiny_gguf
+    monkeypatch.setattr(llamacpp, "PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    monkeypatch.setattr(llamacpp, "_build_id", lambda: "test")
+    monkeypatch.setattr(engine_mod, "llamacpp_available", lambda: True)
+    with pytest.raises(ParadecError, match="SIGILL.*CMAKE_ARGS.*backend=torch"):
+        paradec.load(path, backend="llamacpp")
+    with pytest.warns(ParadecWarning, match="SIGILL"):
+        engine = paradec.load(path, backend="auto", methods_used=("ar",), warmup=False)
+    assert engine.model.backend == "torch"
+    monkeypatch.setattr(llamacpp, "PROBE", "pass")  # cached per CPU and build: not tried again
+    assert "SIGILL" in llamacpp.crashes(path, 1, paradec_home)
+    assert llamacpp.crashes(path, 1, paradec_home / "elsewhere") is None

@@ -1,6 +1,7 @@
 """Quantized weights: the int8 / int4 layers against their dequantized weights, row invariance
-(what makes verification exact), GGUF Q4_1 blocks recovered as they are, and every lossless
-method greedy-identical to `ar` on a quantized model."""
+(what makes verification exact), GGUF Q4_1 blocks recovered as they are, bf16 weights packed for
+oneDNN only where rows stay invariant, and every lossless method greedy-identical to `ar` on a
+quantized or packed model."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from torch import nn
 
 import paradec
 from paradec.errors import ParadecError
+from paradec.models import quant as quant_mod
 from paradec.models.eagle import EagleHead
-from paradec.models.quant import Int4Linear, Int8Linear, quantize_linears
+from paradec.models.quant import Int4Linear, Int8Linear, PackedLinear, pack_linears, quantize_linears
 from paradec.testing import make_tokenizer, stdlib_text, write_gguf
 
 LAYERS = {"int8": Int8Linear, "int4": Int4Linear}
@@ -111,25 +113,76 @@ def test_other_4_bit_gguf_blocks_keep_their_levels(tmp_path, qtype):
     assert (minmax.repeat_interleave(32, 1) < step * 0.999).float().mean() > 0.2  # it would differ
 
 
+needs_onednn = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and quant_mod.packs_invariantly(1536, 576)),
+    reason="this torch or CPU has no row-invariant oneDNN bf16 product (then nothing is packed: tested below)",
+)
+
+
+@needs_onednn
+def test_packed_bf16_layer_multiplies_by_its_own_weights():
+    """A packed layer computes x @ W.T + b up to bf16 rounding, and reads W back bit for bit."""
+    plain = _linear(96, 128, bias=True).to(torch.bfloat16)
+    layer = PackedLinear(plain)
+    x = torch.randn(5, 128).to(torch.bfloat16)
+    ref = x.float() @ plain.weight.float().T + plain.bias.float()
+    assert (layer(x).float() - ref).abs().max() <= 1e-2 * ref.abs().max()
+    assert torch.equal(layer.dequantized(), plain.weight.float())
+
+
+def test_bf16_linears_are_packed_only_where_rows_stay_invariant(monkeypatch):
+    """pack_linears packs bf16 layers the probe finds row-invariant, and whatever it packed gives a
+    row the same bits at any row count; fp32 and quantized layers stay as they are; a CPU whose
+    probe fails keeps plain layers."""
+    model = nn.Sequential(_linear(576, 1536), _linear(200, 576, bias=True)).to(torch.bfloat16)
+    model.append(Int8Linear.from_linear(_linear(64, 200).to(torch.bfloat16)))
+    model.append(_linear(64, 64))  # fp32
+    packed = pack_linears(model)
+    assert set(packed) <= {"0", "1"} and isinstance(model[2], Int8Linear) and isinstance(model[3], nn.Linear)
+    for name in ("0", "1"):
+        layer = model[int(name)]
+        assert (name in packed) == quant_mod.packs_invariantly(layer.in_features, layer.out_features, name == "1")
+        assert isinstance(layer, PackedLinear) == (name in packed)
+        x = torch.randn(40, layer.in_features).to(torch.bfloat16)
+        full = layer(x)
+        for m in (1, 2, 3, 4, 8, 17, 33):
+            assert torch.equal(layer(x[:m]), full[:m]), (name, m)
+    monkeypatch.setattr(quant_mod, "_INVARIANT", {})
+    monkeypatch.setattr(quant_mod, "_probe", lambda *shape: False)
+    plain = nn.Sequential(_linear(576, 1536)).to(torch.bfloat16)
+    assert pack_linears(plain) == {} and isinstance(plain[0], nn.Linear)
+
+
 @pytest.fixture(scope="module")
 def quant_engines(llama_dir, drafters, tmp_path_factory):
     draft, heads = drafters
     eagle = tmp_path_factory.mktemp("eagle")
     torch.manual_seed(0)
     EagleHead(paradec.load(llama_dir).model.config).save(eagle, {})  # a random head: its trees vary
+    kinds = [("int8", "fp32"), ("int8", "bf16"), ("int4", "fp32"), ("int4", "bf16"), ("packed", "bf16")]
     return {
-        (q, dt): paradec.load(llama_dir, dtype=dt, drafts=[draft], heads=heads, eagle=eagle, quant=q)
-        for q in ("int8", "int4")
-        for dt in ("fp32", "bf16")
+        (q, dt): paradec.load(
+            llama_dir, dtype=dt, drafts=[draft], heads=heads, eagle=eagle, quant="none" if q == "packed" else q
+        )
+        for q, dt in kinds
     }
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4"])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "quant, dtype", [("int8", "fp32"), ("int8", "bf16"), ("int4", "fp32"), ("int4", "bf16"), ("packed", "bf16")]
+)
 @pytest.mark.parametrize("method", ["pld", "specinfer", "medusa", "propd", "eagle", "eagle+ngram"])
 def test_methods_are_lossless_against_the_quantized_model(quant_engines, quant, dtype, method):
+    """... and against bf16 weights packed for oneDNN (plain ``nn.Linear``s where this CPU's
+    probe says its packed product is not row-invariant)."""
     engine = quant_engines[(quant, dtype)]
-    assert isinstance(engine.model.layers[0].mlp.w_down, Int8Linear if quant == "int8" else Int4Linear)
+    w_down = engine.model.layers[0].mlp.w_down
+    if quant == "packed":
+        cfg = engine.model.config
+        expect = PackedLinear if quant_mod.packs_invariantly(cfg.intermediate_size, cfg.hidden_size) else nn.Linear
+        assert type(w_down) is expect
+    else:
+        assert isinstance(w_down, Int8Linear if quant == "int8" else Int4Linear)
     ar = engine.generate(PROMPTS, max_new_tokens=20, ignore_eos=True)
     out = engine.generate(PROMPTS, method=method, max_new_tokens=20, ignore_eos=True)
     assert [g.token_ids for g in out] == [g.token_ids for g in ar]

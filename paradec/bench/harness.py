@@ -68,7 +68,7 @@ class BenchConfig:
             m
             for m in self.methods
             if split_method(m)[0] not in known
-            or (split_method(m)[0] in PEERS and "@" in m)
+            or (split_method(m)[0] in PEERS and "@" in m and PEERS[split_method(m)[0]].runner != "oracle")
             or split_method(m)[1] not in RUNTIMES
         ]
         if unknown:
@@ -80,7 +80,7 @@ class BenchConfig:
             raise ParadecError("@llamacpp runs a GGUF file with llama.cpp; pass model=FILE.gguf")
         for m in self.methods:
             base, runtime = split_method(m)
-            if runtime == "llamacpp" and base not in PEERS and "llamacpp" not in methods.get(base).backends:
+            if runtime == "llamacpp" and (base in PEERS or "llamacpp" not in methods.get(base).backends):
                 raise ParadecError(f"{base} runs on the torch backend only; drop @llamacpp from {m}")
         if any("gguf" in method_needs(m) for m in self.methods) and not self.model.endswith(".gguf"):
             raise ParadecError("llamacpp runs a GGUF file; pass model=FILE.gguf")
@@ -116,9 +116,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     runners = Runners(cfg)
     methods = list(cfg.methods)
     if cfg.batch_size > 1:  # transformers' assisted decoding and prompt lookup: batch 1 only
-        methods = [m for m in methods if not (m in PEERS and PEERS[m].batch1_only)]
+        methods = [m for m in methods if not (_peer(m) and _peer(m).batch1_only)]
     if cfg.temperature > 0:  # the oracle knows greedy text only
-        methods = [m for m in methods if not (m in PEERS and PEERS[m].greedy_only)]
+        methods = [m for m in methods if not (_peer(m) and _peer(m).greedy_only)]
     limit = runners.engine.model.config.context_length - cfg.max_new_tokens - 72  # room for a tree
     fits = [(p, ids) for p, ids in encode_prompts(runners.engine, prompts, cfg) if len(ids) <= limit]
     skipped = [p.id for p in prompts if p.id not in {q.id for q, _ in fits}]
@@ -155,6 +155,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         "records": records,
         "summary": summary,
     }
+
+
+def _peer(method: str):
+    """The bench-only peer ``method`` names (``oracle@bf16``: the oracle), else None."""
+    return PEERS.get(split_method(method)[0])
 
 
 def _time_group(runners: Runners, cfg: BenchConfig, batch: list[list[int]], order: list[str], bar) -> tuple:

@@ -50,9 +50,9 @@ PEERS = {
         Peer("llamacpp-pld", "llamacpp", needs=("gguf",)),
     )
 }
-# what may follow a method's "@": a weight format of paradec's torch runtime, or llama.cpp as the
-# runtime of the target's passes (models.llamacpp: ar@llamacpp)
-RUNTIMES = ("auto", *QUANTS, "llamacpp")
+# what may follow a method's "@": a weight format of paradec's torch runtime (a quant, or bf16 / fp32
+# weights as they are), or llama.cpp as the runtime of the target's passes (models.llamacpp: ar@llamacpp)
+RUNTIMES = ("auto", *QUANTS, "bf16", "fp32", "llamacpp")
 
 
 def bench_methods() -> tuple[str, ...]:

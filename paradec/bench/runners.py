@@ -29,14 +29,19 @@ def method_options(name: str, options: dict) -> dict:
 
 
 def _engines(cfg, model_dir) -> dict:
-    """One engine per weight format or runtime the methods name (``ar@int4``, ``ar@llamacpp``).
+    """One engine per weight format or runtime the methods name (``ar@int4``, ``ar@bf16``, ``ar@llamacpp``).
     ``full_trees``: drafters compared at one tree size, which the draft budget must not cut."""
     quants = dict.fromkeys([cfg.quant, *(split_method(m, cfg.quant)[1] for m in cfg.methods)])
     budget = not cfg.full_trees
     loaded = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.companions.items()}
     same = dict(dtype=cfg.dtype, device=cfg.device, **loaded)
     same |= dict(exact=cfg.exact, quant_head=cfg.quant_head, threads=cfg.threads, batch_budget=budget)
-    engines = {q: load(model_dir, quant=q, backend="torch", **same) for q in quants if q != "llamacpp"}
+    engines = {}
+    for q in quants:
+        if q in ("bf16", "fp32"):  # the weights as they are, in this dtype
+            engines[q] = load(model_dir, backend="torch", **{**same, "dtype": q, "quant": "none"})
+        elif q != "llamacpp":
+            engines[q] = load(model_dir, quant=q, backend="torch", **same)
     if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
         engines["llamacpp"] = load(cfg.model, threads=cfg.threads, batch_budget=budget, backend="llamacpp")
     return engines
@@ -98,8 +103,9 @@ class Runners:
     def run(self, method: str, batch: list[list[int]], reference: list[list[int]] | None):
         """``method``'s tokens and stats per prompt of ``batch`` (``reference``: `ar`'s tokens, which
         the oracle follows)."""
-        if method in PEERS:
-            return self._peer_runners[PEERS[method].runner](method, batch, reference)
+        base = split_method(method)[0]
+        if base in PEERS:  # the oracle may name a weight format: oracle@bf16
+            return self._peer_runners[PEERS[base].runner](method, batch, reference)
         return self._method(method, batch)
 
     def _method(self, method: str, batch: list[list[int]]):
@@ -116,9 +122,10 @@ class Runners:
         return [g.token_ids for g in out], [g.stats for g in out]
 
     def _oracle(self, name: str, batch: list[list[int]], reference: list[list[int]]):
-        vocab = self.engine.model.config.vocab_size
+        engine = self.engines[split_method(name, self.cfg.quant)[1]]
+        vocab = engine.model.config.vocab_size
         drafter = OracleDrafter([p + r for p, r in zip(batch, reference)], (1,) * self.cfg.oracle_depth, 1.0, vocab)
-        return self._generate(self.engine, batch, {"drafter": drafter})
+        return self._generate(engine, batch, {"drafter": drafter})
 
     def _base(self, name: str, batch: list[list[int]], _):
         if self.base is None:

@@ -47,7 +47,7 @@ BUSY_CORES = 0.5  # a profile is cached only if other processes used at most thi
 SLOWER_WARNING = 1.3  # an explicit format whose `ar` step costs this much more than the best one is warned about
 WIDTHS = (1, 2, 4, 8, 16, 32)  # verified nodes per row of a pass (others are interpolated)
 CONTEXT = 256  # keys a measured pass attends over
-PROFILE_VERSION = 1  # part of the cache key: bump when what is measured changes
+PROFILE_VERSION = 2  # part of the cache key: bump when what is measured changes
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def measure(
     minimum of each (noise only adds time). -> (curves, the share of the CPU this process got
     while measuring: ~1 on a quiet machine; well under 1 when other processes competed)."""
     from paradec.models.llama import Transformer
-    from paradec.models.quant import quantize_linears
+    from paradec.models.quant import pack_linears, quantize_linears
 
     one = replace(cfg, num_layers=1, tie_word_embeddings=False)
     g = torch.Generator().manual_seed(0)
@@ -189,6 +189,7 @@ def measure(
             model.load_state_dict(base.state_dict())
             model.set_exact(exact)
             quantize_linears(model, quant)
+            pack_linears(model)
             for w in widths:
                 cases[fmt, w] = _PassTimer(model, cfg.num_layers, w)
         wall, mine, busy = time.perf_counter(), time.process_time(), _busy_seconds()

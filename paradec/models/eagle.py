@@ -30,7 +30,7 @@ from paradec.config import ModelConfig
 from paradec.errors import ParadecError
 from paradec.kv import KVCache
 from paradec.models.llama import Block, rope_inv_freq, rope_tables
-from paradec.models.quant import Int4Linear, Int8Linear
+from paradec.models.quant import Int4Linear, Int8Linear, PackedLinear
 
 EAGLE_JSON = "eagle.json"
 EAGLE_WEIGHTS = "eagle.safetensors"
@@ -71,7 +71,7 @@ class EagleHead(nn.Module):
         key = (id(lm_head), self.dtype, self.device)
         if self._lm_rows is not None and self._lm_rows[0] == key:
             return self._lm_rows[1]
-        if isinstance(lm_head, (Int8Linear, Int4Linear)):
+        if isinstance(lm_head, (Int8Linear, Int4Linear, PackedLinear)):
             w = lm_head.dequantized().to(self.dtype)
         else:
             w = lm_head.weight

@@ -29,7 +29,11 @@ keeps it (``seq_rm`` of anything past the committed length).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
+import signal
+import subprocess
+import sys
 import time
 import weakref
 from collections.abc import Iterator
@@ -68,6 +72,61 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+# a 16-token and a 1-token pass in a child process: the multi-row and one-row kernels
+PROBE = """
+import sys, llama_cpp
+llm = llama_cpp.Llama(sys.argv[1], n_threads=int(sys.argv[2]), n_ctx=64, verbose=False)
+llm.eval(list(range(1, 17)))
+llm.eval([17])
+"""
+# the build that ran on that Xeon: AVX-512 on, AMX off (drop the AVX-512 flags on an AVX2 CPU)
+REBUILD = (
+    "rebuild it without them, e.g. CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+    "-DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON "
+    "-DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF' "
+    "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+)
+
+
+def crashes(gguf: str | Path, threads: int, home: Path) -> str | None:
+    """Whether llama.cpp's kernels kill the process on this CPU, tried once in a child process and
+    cached per CPU signature and llama.cpp build. A build for instructions the machine refuses dies
+    with SIGILL and would take paradec with it: seen with a native build on an AMX Xeon VM, whose
+    AMX tiles are refused in llama.cpp's worker threads on any batch of 2+ tokens.
+    -> None, or one line: what happened and the fix."""
+    path = home / "profiles" / f"{cpu_info().key()}-llamacpp-probe-{_build_id()}.json"
+    try:
+        return json.loads(path.read_text())["crash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", PROBE, str(gguf), str(threads)], capture_output=True, text=True, timeout=300
+        )
+        code = run.returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    if code is not None and code >= 0:  # it ran (or failed as Python does: load() reports that itself)
+        crash = None
+    else:
+        what = "hung for 5 minutes" if code is None else f"was killed by {signal.Signals(-code).name}"
+        crash = (
+            f"llama.cpp {what} in a test pass on this CPU (its build uses instructions this machine refuses, "
+            f"e.g. AMX in a VM); {REBUILD}, or use backend=torch"
+        )
+    _write_json(path, {"cpu": asdict(cpu_info()), "crash": crash})
+    return crash
+
+
+def _build_id() -> str:
+    """llama-cpp-python's version and its shared libraries' sizes and times: a rebuild is a new build."""
+    import llama_cpp
+
+    lib = Path(llama_cpp.__file__).parent
+    files = sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in lib.rglob("*.so*"))
+    return hashlib.sha256(f"{llama_cpp.__version__} {files}".encode()).hexdigest()[:12]
 
 
 def _lib():
