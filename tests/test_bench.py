@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from conftest import run_cli
 
-from paradec.bench.harness import bench_methods, method_needs
+from paradec.bench.harness import BenchConfig, bench_methods, method_needs
 from paradec.bench.prompts import load_prompts
+from paradec.errors import ParadecError
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.testing import make_checkpoint
 
@@ -192,11 +194,12 @@ def test_bench_bad_input_exit_2(tmp_path, llama_dir):
 
 
 def test_bench_quant_suffix_and_llamacpp_peer(tmp_path):
-    """`ar@int4` runs next to `ar` and is compared with `ar` in its own format; llama.cpp (when
-    llama-cpp-python is installed) decodes the same GGUF file greedily."""
+    """`ar@int4` runs next to `ar` and is compared with `ar` in its own format (`oracle@fp32`
+    follows fp32's own `ar`); llama.cpp (when llama-cpp-python is installed) decodes the same
+    GGUF file greedily."""
     from paradec.testing import make_tokenizer, stdlib_text, write_gguf
 
-    methods = ["ar", "ar@int4", "pld@int4"]
+    methods = ["ar", "ar@int4", "pld@int4", "ar@fp32", "oracle@fp32"]
     try:
         import llama_cpp  # noqa: F401
 
@@ -227,7 +230,11 @@ def test_bench_quant_suffix_and_llamacpp_peer(tmp_path):
     for r in records:
         assert r["new_tokens"] == 12
         if "@" in r["method"]:
-            assert r["identical_to_ar"] is True  # vs ar@int4
+            assert r["identical_to_ar"] is True  # vs ar@int4, ar@fp32
+    assert next(r for r in records if r["method"] == "oracle@fp32")["tau"] > 3  # it knew fp32's text
+    for bad in ("oracle@llamacpp", "hf@int4"):
+        with pytest.raises(ParadecError, match=bad.replace("+", "[+]")):
+            BenchConfig(model=str(model), prompts=str(prompts), methods=(bad,), out=str(tmp_path / "bad"))
 
 
 def test_bench_serve_methods_take_turns_and_every_request_counts(monkeypatch):
