@@ -223,6 +223,7 @@ def load(
     quant_head: str | None = None,
     threads: int | None = None,
     warmup: bool = True,
+    pack: bool = True,
     batch_budget: bool = True,
     cost: PassCost | None = None,
     backend: str | None = None,
@@ -238,7 +239,9 @@ def load(
     and none / int8 / int4 weight-only linears (``models.quant``; the LM head in ``quant_head``).
     A format asked for that this CPU runs far slower is warned about. Every method is lossless
     against the model in the format it runs in. ``exact``: shape-invariant decode numerics, so
-    greedy speculation equals `ar` in bf16 too (``Transformer.set_exact``). ``cost``: the
+    greedy speculation equals `ar` in bf16 too (``Transformer.set_exact``). ``pack``: bf16 linears packed
+    for oneDNN where their rows stay invariant (``models.quant.pack_linears``; inference only:
+    training, which runs autograd through the frozen target, passes False). ``cost``: the
     pass-cost curve policies start from (``PassCost.flat()``: every width the same, as tests
     do). ``batch_budget``: cut a batch's greedy chains to the width that pays (``policy.budget``).
     ``backend``: "torch", "llamacpp" (llama.cpp's kernels on a GGUF file, `ar` only:
@@ -271,7 +274,7 @@ def load(
         if lc_choice is not None:
             engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
             return _finish_load(engine, lc_choice, cost, batch_budget, warmup)
-    engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given)
+    engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack)
     return _finish_load(engine, choice, cost, batch_budget, warmup)
 
 
@@ -289,12 +292,15 @@ def _companions_given(given: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not None and value != [] and value != ()}
 
 
-def _engine_on_torch(model_dir: Path, choice: FormatChoice, device, exact, quant_head, given: dict) -> Engine:
+def _engine_on_torch(
+    model_dir: Path, choice: FormatChoice, device, exact, quant_head, given: dict, pack: bool = True
+) -> Engine:
     """The target in the chosen format on paradec's runtime, with the companions asked for."""
     model = load_model(model_dir, choice.dtype, device)
     model.set_exact(exact)
     quantize_linears(model, choice.quant, quant_head)
-    pack_linears(model)  # the bf16 linears left, where oneDNN packs them row-invariantly
+    if pack:
+        pack_linears(model)  # the bf16 linears left, where oneDNN packs them row-invariantly
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)
     engine.quant = choice.quant  # draft models get the target's weight format
     for c in companions.loadable():  # in registration order

@@ -275,7 +275,7 @@ class EagleDrafter(DrafterHooks):
             ]
         q = probs(logits, self.sampling)  # [batch, frontier, K]
         if self.vocab is not None:  # q over the whole vocabulary, zero outside the draft's: what MSS needs
-            full = q.new_zeros(*q.shape[:-1], self.lm_head.weight.shape[0])
+            full = q.new_zeros(*q.shape[:-1], self.lm_head.out_features)
             q_full = full.scatter_(-1, self.vocab.expand_as(q), q)
         else:
             q_full = q

@@ -112,7 +112,7 @@ def train_ssm_pool(
     """The code model's pool: stdlib contexts continued greedily by the target."""
     run_dir = Path(run_dir)
     (run_dir / "boost").mkdir(parents=True, exist_ok=True)
-    target = load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16", pack=False)  # trained through: plain linears
     tok = target.tokenizer.hf
     train_stream, heldout_stream = load_or_encode(tok, run_dir / "data", tok.eos_token_id)
     t0 = time.perf_counter()

@@ -93,7 +93,7 @@ def train_chat_ssms(
 ) -> dict:
     """Collective boost-tuning of ``num_ssms`` chat SSMs for the target: pretrained on answers to the
     training questions, then distilled on the target's own answers (``boost_pool``)."""
-    target = load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16", pack=False)  # trained through: plain linears
     train_recs, held_recs = target_answers(target, questions_path, Path(run_dir))
     train = answer_windows(train_recs, ctx_len, cont_len, stride)
     held = answer_windows(held_recs, ctx_len, cont_len, stride * 4)
@@ -163,7 +163,7 @@ def train_chat_heads(
 ) -> dict:
     """Collective boost-tuning of ``num_ssms`` chat SSMs for the target: pretrained on answers to the
     training questions, then distilled on the target's own answers (``boost_pool``)."""
-    target = load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16", pack=False)  # trained through: plain linears
     train_recs, held_recs = target_answers(target, questions_path, Path(run_dir))
 
     def spans(recs):

@@ -204,7 +204,7 @@ def train_eagle(
 ) -> dict:
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    target = load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16", pack=False)  # trained through: plain linears
     train_recs, held_recs = target_answers(target, questions_path, run_dir)
     train, held, own = _eagle_sequences(target, train_recs, held_recs, questions_path, cfg)
     cache = run_dir / "eagle_features.pt"
@@ -268,7 +268,7 @@ def _new_head(model, cfg: EagleTrainConfig, labels: list[torch.Tensor]) -> Eagle
     ``labels``; or ``cfg.init``'s weights and vocabulary (a warm start)."""
     if cfg.init is not None:
         return load_eagle(cfg.init, model.config, torch.float32, model.embed.weight.device).requires_grad_(True).train()
-    head, vocab_size = EagleHead(model.config), model.lm_head.weight.shape[0]
+    head, vocab_size = EagleHead(model.config), model.lm_head.out_features
     if cfg.draft_vocab is not None and cfg.draft_vocab < vocab_size:
         head.set_vocab(draft_vocabulary(labels, cfg.draft_vocab, vocab_size))
     return head

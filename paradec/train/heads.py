@@ -128,7 +128,7 @@ def train_heads(
     """The code model's recipe: contexts from the stdlib, continued greedily by the target."""
     run_dir = Path(run_dir)
     (run_dir / "boost").mkdir(parents=True, exist_ok=True)
-    target = load(target_dir, dtype="bf16")
+    target = load(target_dir, dtype="bf16", pack=False)  # trained through: plain linears
     tok = target.tokenizer.hf
     train_stream, heldout_stream = load_or_encode(tok, run_dir / "data", tok.eos_token_id)
     train = continuation_samples(target, train_stream, n_train, ctx_len, cont_len, 1, run_dir / "boost/train.npy")
