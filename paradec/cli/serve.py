@@ -115,7 +115,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         api_key=args.api_key,
         max_tokens_limit=args.max_tokens_limit,
     )
-    options = {**load_options(args, model, given), "batch_budget": not args.full_chains}
+    # the format is chosen for a full batch: where it differs from one row's, throughput decides
+    options = {**load_options(args, model, given), "batch_budget": not args.full_chains, "batch": args.max_batch}
     if args.replicas:
         import importlib.util
 

@@ -90,10 +90,11 @@ class Profile:
     measured_s: float  # how long measuring took
     noisy: bool = False  # measured while other processes competed for the cores (then not cached)
 
-    def choose(self, allowed: tuple[str, ...]) -> str:
-        """The allowed format with the cheapest `ar` step (ties: the cheaper 4-wide pass)."""
+    def choose(self, allowed: tuple[str, ...], batch: int = 1) -> str:
+        """The allowed format with the cheapest `ar` step of ``batch`` rows (ties: the cheaper pass
+        of 4 positions a row)."""
         have = [f for f in allowed if f in self.costs]
-        return min(have, key=lambda f: (round(self.costs[f].predict(1), 4), self.costs[f].predict(4)))
+        return min(have, key=lambda f: (round(self.costs[f].predict(batch), 4), self.costs[f].predict(4 * batch)))
 
     def table(self) -> list[dict]:
         """Rows for a Markdown table: format, then ms per pass at each width."""
@@ -324,9 +325,16 @@ class ParadecWarning(UserWarning):
 
 
 def choose_format(
-    model_dir: Path, dtype: str | torch.dtype, quant: str, device: str, exact: bool = True, home: Path | None = None
+    model_dir: Path,
+    dtype: str | torch.dtype,
+    quant: str,
+    device: str,
+    exact: bool = True,
+    home: Path | None = None,
+    batch: int = 1,
 ) -> FormatChoice:
-    """Resolve ``dtype`` / ``quant`` ("auto" or explicit) for ``model_dir`` on ``device``."""
+    """Resolve ``dtype`` / ``quant`` ("auto" or explicit) for ``model_dir`` on ``device``; "auto"
+    takes the cheapest `ar` step of ``batch`` rows (a server: its --max-batch)."""
     import warnings
 
     from paradec.models.gguf import paradec_home
@@ -353,12 +361,13 @@ def choose_format(
     if asked is not None and asked not in prof.costs:  # "int4-fp32" and the like: w = 1 and 4 only
         extra, path = profile(cfg, (asked,), home, exact, widths=(1, 4))
         prof = replace(prof, costs={**prof.costs, **extra.costs}, noisy=prof.noisy or extra.noisy)
-    best = prof.choose(pool)
-    ms = {f: c.predict(1) * 1000 for f, c in prof.costs.items()}
+    best = prof.choose(pool, batch)
+    ms = {f: c.predict(batch) * 1000 for f, c in prof.costs.items()}
     if asked is None:
         name = best
         others = ", ".join(f"{f} {ms[f]:.0f}" for f in pool if f != best)
-        reason = f"auto: the cheapest `ar` step here ({best} {ms[best]:.0f} ms; {others} ms)"
+        rows = "" if batch == 1 else f" of {batch} rows"
+        reason = f"auto: the cheapest `ar` step{rows} here ({best} {ms[best]:.0f} ms; {others} ms)"
     else:
         name = asked
         reason = "asked for"
