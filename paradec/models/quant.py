@@ -13,8 +13,8 @@ target that every method is lossless against is the quantized model itself.
 
 - bf16 weights stay bf16 but are **packed** where oneDNN can: ``PackedLinear`` reorders a weight
   once into oneDNN's blocked layout (``mkldnn._reorder_linear_weight``). A plain bf16 ``F.linear``
-  reorders it on every call: on an AMX Xeon that is ~300 us for a 576 x 1536 layer at any row count,
-  the packed product ~40 us. A layer is packed only if a probe on this CPU finds each row's bits
+  reorders it on every call: on an AMX Xeon a 576 x 1536 layer took 140-315 us at 1 or 8 rows
+  (two quiet runs), the packed product ~90 us. A layer is packed only if a probe on this CPU finds each row's bits
   independent of the row count (``packs_invariantly``), so packing never costs exactness.
 """
 
