@@ -238,3 +238,21 @@ def test_retirement_counts_choices_on_value_and_ends():
     for _ in range(2 * RETIRE_AFTER):
         frozen.tally(["eagle"], choose(frozen, RowStats(frozen.accept), [Option("eagle", 8)], 1))
     assert frozen.offers("eagle")  # a deterministic call's choices follow its own tokens alone
+
+
+def test_a_drafters_cost_is_shared_by_the_rows_it_drafts_for(engine, monkeypatch):
+    """A drafter's passes serve every row that chose it at once: each row is charged its share of the
+    step's drafting time, not the whole (which kept EAGLE out of batches). On a clock that advances
+    one second a reading, prompt lookup over 4 rows costs a row 1/4 s, an arm chosen by k rows 1/k."""
+    from types import SimpleNamespace
+
+    from paradec.draft import auto as draft_auto
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(draft_auto, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    seen = []
+    monkeypatch.setattr(AutoStats, "observe_draft", lambda self, name, seconds, decay=0.8: seen.append((name, seconds)))
+    out = engine.generate([REPEATS[0]] * 4, method="auto", max_new_tokens=8, ignore_eos=True)
+    assert all(g.token_ids == out[0].token_ids for g in out)
+    assert [s for name, s in seen if name == "pld"] and all(s == 0.25 for name, s in seen if name == "pld")
+    assert all(s in (1.0, 0.5, 1 / 3, 0.25) for name, s in seen if name != "pld")

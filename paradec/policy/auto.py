@@ -14,8 +14,10 @@ For a row in a pass of ``batch`` rows, drafter a with its tree cut to w nodes (r
 - T(n): the measured pass-cost curve of this CPU and format (``paradec.cpu``), its scale refit
   on the steps measured here. T(batch * w) / batch is a row's share of the pass when every row
   pads to w, as a batch of rows that choose alike does.
-- d_a: what drafter a's proposal costs a step, measured (prompt lookup: ~0; EAGLE: its head's
-  passes; an SSM: its passes), starting at 0 so that every drafter is tried.
+- d_a: what drafter a's proposal costs a row a step, measured (prompt lookup: ~0; EAGLE: its
+  head's passes; an SSM: its passes), starting at 0 so that every drafter is tried. A drafter's
+  passes serve every row that chose it at once, so a row's share is the step's drafting time over
+  those rows (charging each row the whole batch's drafting kept EAGLE out of batches).
 
 `ar` is w = 1: value 1 / T(batch) / batch. A drafter's statistics forget with its own observations
 only, so one tried rarely keeps what was measured of it; a row whose choice has been `ar` for
@@ -76,7 +78,7 @@ class AutoStats:
     curve: PassCost | None = None
     frozen: bool = False  # deterministic: no timings, no curve, so the choice follows the tokens alone
     accept: Acceptance = field(default_factory=lambda: Acceptance(per_key=True))
-    draft_s: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per step (recent average)
+    draft_s: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per row-step (recent average)
     steps: int = 0  # row-steps this engine has chosen for
     offered: dict[str, int] = field(default_factory=dict)  # model drafter -> row-steps offered (this term)
     chosen: dict[str, int] = field(default_factory=dict)  # ... and chosen on value
