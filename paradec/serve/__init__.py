@@ -74,6 +74,8 @@ def run(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, **op
 
     shown = f"[{host}]" if ":" in host else host
     print(f"paradec: serving {model_name} on http://{shown}:{port} (chat page: http://{shown}:{port}/)", flush=True)
+    if engine.format is not None:
+        print(f"paradec: weight format {engine.format.name} ({engine.format.reason})", flush=True)
 
     def stop(*_) -> None:
         worker.request_stop()
