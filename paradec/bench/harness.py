@@ -68,7 +68,7 @@ class BenchConfig:
             m
             for m in self.methods
             if split_method(m)[0] not in known
-            or (split_method(m)[0] in PEERS and "@" in m and PEERS[split_method(m)[0]].runner != "oracle")
+            or (_peer(m) is not None and "@" in m and _peer(m).runner != "oracle")  # only the oracle takes a format
             or split_method(m)[1] not in RUNTIMES
         ]
         if unknown:

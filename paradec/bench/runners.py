@@ -37,11 +37,9 @@ def _engines(cfg, model_dir) -> dict:
     same = dict(dtype=cfg.dtype, device=cfg.device, **loaded)
     same |= dict(exact=cfg.exact, quant_head=cfg.quant_head, threads=cfg.threads, batch_budget=budget)
     engines = {}
-    for q in quants:
-        if q in ("bf16", "fp32"):  # the weights as they are, in this dtype
-            engines[q] = load(model_dir, backend="torch", **{**same, "dtype": q, "quant": "none"})
-        elif q != "llamacpp":
-            engines[q] = load(model_dir, quant=q, backend="torch", **same)
+    for q in (q for q in quants if q != "llamacpp"):
+        dtype, quant = (q, "none") if q in ("bf16", "fp32") else (cfg.dtype, q)  # bf16/fp32: the weights as they are
+        engines[q] = load(model_dir, backend="torch", **{**same, "dtype": dtype}, quant=quant)
     if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
         engines["llamacpp"] = load(cfg.model, threads=cfg.threads, batch_budget=budget, backend="llamacpp")
     return engines
