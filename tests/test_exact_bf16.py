@@ -9,6 +9,9 @@ chat prompts before. The tiny-model checks guard the engine paths around them.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -67,17 +70,20 @@ def test_bf16_methods_equal_ar_on_20_prompts(llama_dir, opts):
         assert sum(g.stats.tau for g in out) / len(out) > 2  # the trees were really accepted deep
 
 
-def test_attention_of_a_query_does_not_depend_on_the_pass():
-    """One query: alone over its contiguous keys (an `ar` step) == inside a 16-node tree whose
-    other nodes and scattered ancestors surround it."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attention_of_a_query_does_not_depend_on_the_pass(dtype):
+    """Every query: alone over its contiguous keys (an `ar` step) == inside a tree of 1-17
+    nodes whose other nodes and scattered ancestors surround it (SmolLM2's heads: 9 queries
+    share 3 KV heads of 64). fp32 scores failed this on 72 of 159 fp32 rows under MKL's AVX2
+    kernels (the capped run below)."""
     gen = torch.Generator().manual_seed(0)
-    for trial in range(50):
-        length, width = 30 + 17 * trial, 16
+    for trial in range(20):
+        length, width = 30 + 17 * trial, 1 + trial % 17
         parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, width)]
         # keys transposed inside a longer buffer, as the cache stores them: [1, kv, head_dim, slots]
-        k_t = torch.randn(1, 2, 32, length + width + 40, generator=gen).bfloat16()[..., : length + width]
-        v = torch.randn(1, 2, length + width, 32, generator=gen).bfloat16()
-        q = torch.randn(1, 6, width, 32, generator=gen).bfloat16()
+        k_t = torch.randn(1, 3, 64, length + width + 40, generator=gen).to(dtype)[..., : length + width]
+        v = torch.randn(1, 3, length + width, 64, generator=gen).to(dtype)
+        q = torch.randn(1, 9, width, 64, generator=gen).to(dtype)
         mask = torch.zeros(1, 1, width, length + width, dtype=torch.bool)
         mask[..., :length] = True
         for i in range(width):
@@ -86,14 +92,24 @@ def test_attention_of_a_query_does_not_depend_on_the_pass():
                 mask[0, 0, i, length + node] = True
                 node = parents[node]
         tree = cached_attention(q, k_t, v, mask)
-        j = width - 1
-        path, node = [], j
-        while node != -1:
-            path.insert(0, length + node)
-            node = parents[node]
-        keys = list(range(length)) + path
-        alone = cached_attention(q[:, :, j : j + 1], k_t[..., keys], v[:, :, keys], None)
-        assert torch.equal(tree[:, :, j : j + 1], alone), trial
+        for j in range(width):
+            path, node = [], j
+            while node != -1:
+                path.insert(0, length + node)
+                node = parents[node]
+            keys = list(range(length)) + path
+            alone = cached_attention(q[:, :, j : j + 1], k_t[..., keys], v[:, :, keys], None)
+            assert torch.equal(tree[:, :, j : j + 1], alone), (trial, j)
+
+
+def test_attention_stays_exact_under_avx2_kernels():
+    """The same check in a process whose torch, oneDNN and MKL are capped to AVX2, as on a CPU
+    without AVX-512 (MKL blocks its AVX2 GEMMs by 6 rows, and by the key count)."""
+    caps = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    test = f"{__file__}::test_attention_of_a_query_does_not_depend_on_the_pass"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
+    run = subprocess.run(cmd, env={**os.environ, **caps}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:]
 
 
 def test_linear_rows_do_not_depend_on_the_row_count():

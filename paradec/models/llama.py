@@ -141,24 +141,22 @@ def cached_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: 
     or its ``attention_bias`` (None: every slot visible) -> [batch, heads, n, head_dim] in q's dtype.
 
     A query sees the same keys in an `ar` step (prefix + path, contiguous, alone) as in a tree
-    (prefix + ancestors at scattered slots, among other queries), but the fused kernel and
-    fp32 GEMMs round differently by query count and key layout, and one flipped bf16 bit in
-    the residual stream moves a near-tied argmax. Measured on SmolLM2 (12 chat prompts, 96
-    tokens): fp32 attention left `ar` on 10 of 12 prompts. Here:
-    - scores in fp32 on at least 4 query rows (fewer rows take another GEMM kernel): each
-      score is a 64-term dot product whose order the kernel fixes per element;
-    - softmax and probabilities @ values in fp64: sums over the keys then round to the same
-      value whatever their order or the masked zeros between them (a different rounding of
-      the fp64 sum changes the bf16 result with probability ~1e-13 per element).
+    (prefix + ancestors at scattered slots, among other queries), but GEMM kernels block by the
+    product's shape, so fp32 products round differently by query and key count, and one
+    flipped bf16 bit in the residual stream moves a near-tied argmax. Measured on SmolLM2 (12
+    chat prompts, 96 tokens): fp32 attention left `ar` on 10 of 12 prompts; fp32 scores made
+    row-invariant for oneDNN/MKL's AVX-512 kernels still left it under MKL's AVX2 kernels
+    (rows past a block of 6, and the key count). So every reduction runs in fp64: a product
+    of two fp32 values is exact in fp64, and a sum of 64 of them (the scores), or over the
+    keys (softmax, probabilities @ values), then differs by order only in the last fp64 bits,
+    which reach the bf16 or fp32 result with probability ~1e-13 or ~1e-7 per element. It
+    costs about what fp32 scores did (measured per layer, 1-16 queries, 256-1024 keys).
     """
     b, h, n, d = q.shape
     kv = k_t.shape[1]
     rep = h // kv
     rows = rep * n  # heads of one KV group share its keys: [b, kv, rows, d]
-    qf = q.float().reshape(b, kv, rows, d)
-    if rows < 4:
-        qf = torch.cat([qf, qf[:, :, :1].expand(b, kv, 4 - rows, d)], 2)
-    scores = (qf @ k_t.float())[:, :, :rows].double() * (1.0 / math.sqrt(d))  # [b, kv, rows, span]
+    scores = q.double().reshape(b, kv, rows, d) @ k_t.double() * (1.0 / math.sqrt(d))  # [b, kv, rows, span]
     if mask is not None:
         bias = mask if mask.is_floating_point() else attention_bias(mask)
         scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None]).view(b, kv, rows, -1)
