@@ -50,6 +50,7 @@ class KVCache:
         # masks, and a device tensor would cost a sync per step.
         self.lengths: list[int] = [0] * (batch if live is None else live)
         self.scratch: list[int] = [0] * len(self.lengths)  # uncommitted rows already written, per row
+        self._index_memo: tuple | None = None  # ``_write_index``'s last answer and what it was for
 
     @property
     def batch(self) -> int:
@@ -86,6 +87,7 @@ class KVCache:
         sub.keys, sub.values = self.keys[:, start : start + n], self.values[:, start : start + n]
         sub.max_len = self.max_len
         sub.lengths, sub.scratch = self.lengths[start : start + n], self.scratch[start : start + n]
+        sub._index_memo = None
         yield sub
         self.lengths[start : start + n], self.scratch[start : start + n] = sub.lengths, sub.scratch
 
@@ -112,24 +114,34 @@ class KVCache:
         ks, vs = self.keys[layer, :batch], self.values[layer, :batch]  # keys transposed, as in the store
         if slots is not None:
             end = max(self.lengths) + int(slots.max()) + 1 if slots.numel() else max(self.lengths)
-            for b, length in enumerate(self.lengths):
-                idx = slots[b] + length
-                ks[b].index_copy_(2, idx, k[b].transpose(-1, -2))
-                vs[b].index_copy_(1, idx, v[b])
-            return ks[..., :end], vs[:, :, :end]
-        end = self.span(n)
-        if end > self.max_len:
-            raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
-        starts = self.starts()
-        first = starts[0]
-        if all(start == first for start in starts):
-            ks[..., first : first + n] = k.transpose(-1, -2)
-            vs[:, :, first : first + n] = v
         else:
-            for b, start in enumerate(starts):
-                ks[b, ..., start : start + n] = k[b].transpose(-1, -2)
-                vs[b, :, start : start + n] = v[b]
+            end = self.span(n)
+            if end > self.max_len:
+                raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
+            first = self.starts()[0]
+            if all(start == first for start in self.starts()):
+                ks[..., first : first + n] = k.transpose(-1, -2)
+                vs[:, :, first : first + n] = v
+                return ks[..., :end], vs[:, :, :end]
+        rows, idx = self._write_index(n, slots)
+        # one scatter per tensor, through [batch, slots, kv_heads, head_dim] views of the store
+        ks.permute(0, 3, 1, 2)[rows, idx] = k.permute(0, 2, 1, 3)
+        vs.permute(0, 2, 1, 3)[rows, idx] = v.permute(0, 2, 1, 3)
         return ks[..., :end], vs[:, :, :end]
+
+    def _write_index(self, n: int, slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row [batch, n], slot [batch, n]) of each new token, built once per pass: every layer
+        writes to the same places (``slots``: scratch indices, else the next n per row)."""
+        key = (n, tuple(self.lengths), tuple(self.scratch))
+        memo = self._index_memo
+        if memo is not None and memo[0] == key and memo[1] is slots:
+            return memo[2]
+        device = self.keys.device
+        base = torch.tensor(self.lengths if slots is not None else self.starts(), device=device)[:, None]
+        idx = base + (slots if slots is not None else torch.arange(n, device=device))  # [batch, n]
+        rows = torch.arange(len(base), device=device)[:, None].expand_as(idx)
+        self._index_memo = (key, slots, (rows, idx))  # holds slots, so its identity stays its own
+        return rows, idx
 
     def keep_scratch(self, n: int) -> None:
         """The n rows each row just wrote stay visible (uncommitted) to the next pass."""
