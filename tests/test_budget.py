@@ -127,6 +127,30 @@ def test_curve_latency_keeps_the_shape_and_learns_the_scale():
     assert PassCost.flat().relative(64) == 1.0
 
 
+def test_a_measured_curve_learns_the_cost_of_each_pass_size_it_sees():
+    """A load-time curve flat from 1 to 4 tokens, real passes of 4 costing 1.5x one: the budget's
+    latency learns both sizes; a curve given by hand keeps its shape."""
+    flat = (1, 4, 16), (0.010, 0.010, 0.040)
+    measured, given = CurveLatency(PassCost("m", *flat, measured=True)), CurveLatency(PassCost("g", *flat))
+    for _ in range(30):
+        for lat in (measured, given):
+            lat.observe(1, 0.010)
+            lat.observe(4, 0.015)
+    assert measured.predict(4) / measured.predict(1) == pytest.approx(1.5, rel=0.1)
+    assert given.predict(4) == given.predict(1)
+    assert measured.predict(16) / given.predict(16) == pytest.approx(1.0)  # unseen: the overall scale
+
+
+def test_a_budget_that_drafts_takes_a_plain_pass_to_time_what_drafting_is_weighed_against():
+    budget = BatchBudget(PassCost("m", (1, 8), (0.010, 0.010), measured=True))
+    for _ in range(20):
+        budget.observe("pld", 4, 4, [1, 2, 3, 4])  # chains accepted whole: drafting pays
+    widths = [budget.next_width([("pld", 4)], 5) for _ in range(2 * EXPLORE_EVERY)]
+    assert widths[:-1] == [5] * (2 * EXPLORE_EVERY - 1) and widths[-1] == 0
+    budget.observe_pass(1, 0.010)  # that plain pass, timed
+    assert 0 not in [budget.next_width([("pld", 4)], 5) for _ in range(2 * EXPLORE_EVERY)]
+
+
 def _budget(base_s: float, per_position_s: float) -> BatchBudget:
     """A budget whose latency line is fit, with 12-token chains always accepted in full and
     2-token ones never."""

@@ -21,6 +21,19 @@ def test_pass_cost_interpolates_and_extends_the_last_slope():
     assert c.relative(4) == 3.5
 
 
+def test_a_burst_of_speed_in_one_round_does_not_bend_the_curve():
+    """The shape is each width's median ratio to the 1-token pass of its own round; the level is
+    the 1-token pass's fastest run. Each width's own minimum (the old way) gave w=2 1.22x here."""
+
+    class Timer:  # what ``measure`` keeps of a width: one run per round (the first warms up)
+        def __init__(self, runs):
+            self.runs, self.seconds = runs, min(runs[1:])
+
+    rounds = [(0.09, 0.09, 0.09), (0.020, 0.022, 0.025), (0.030, 0.033, 0.0375), (0.018, 0.033, 0.0375)]
+    curve = cpu._curve([Timer([r[w] for r in rounds]) for w in range(3)])
+    assert [round(s / curve[0], 6) for s in curve] == [1.0, 1.1, 1.25] and curve[0] == 0.018
+
+
 def test_the_profile_is_measured_once_then_read_from_the_cache(llama_dir, tmp_path, monkeypatch):
     cfg = ModelConfig.from_dir(llama_dir)
     monkeypatch.setattr(cpu, "_busy_seconds", lambda: 0.0)  # a quiet machine, whatever runs beside the tests

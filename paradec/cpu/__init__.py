@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from paradec.config import ModelConfig
+from paradec.cpu.formats import FORMATS, format_name, format_parts, source_formats  # noqa: F401 (re-exported)
 from paradec.cpu.info import ISA_FLAGS, CpuInfo, cpu_info  # noqa: F401 (ISA_FLAGS: re-exported)
 
 DTYPES = {
@@ -40,14 +42,11 @@ DTYPES = {
     "fp16": torch.float16,
     "float16": torch.float16,
 }
-# the weight formats measured for every model: name -> (activation dtype, the decoder linears' weights);
-# any other pair is named "int4-fp32" and the like, and measured only when asked for
-FORMATS = {"bf16": ("bf16", "none"), "fp32": ("fp32", "none"), "int8": ("bf16", "int8"), "int4": ("bf16", "int4")}
 BUSY_CORES = 0.5  # a profile is cached only if other processes used at most this many cores meanwhile
 SLOWER_WARNING = 1.3  # an explicit format whose `ar` step costs this much more than the best one is warned about
 WIDTHS = (1, 2, 4, 8, 16, 32)  # verified nodes per row of a pass (others are interpolated)
 CONTEXT = 256  # keys a measured pass attends over
-PROFILE_VERSION = 2  # part of the cache key: bump when what is measured changes
+PROFILE_VERSION = 3  # part of the cache key: bump when what is measured changes
 
 
 @dataclass(frozen=True)
@@ -60,6 +59,9 @@ class PassCost:
     format: str
     widths: tuple[int, ...]
     seconds: tuple[float, ...]  # [len(widths)]
+    # measured on this machine, so real passes may correct its shape (``CurveLatency``); a curve
+    # given by hand (tests, ``load(cost=)``) keeps its shape and only its scale is refit
+    measured: bool = False
 
     def predict(self, positions: float) -> float:
         ws, ss = self.widths, self.seconds
@@ -133,7 +135,7 @@ def profile(
     if path.is_file() and not remeasure:
         try:
             raw = json.loads(path.read_text())
-            costs = {f: PassCost(f, tuple(c["widths"]), tuple(c["seconds"])) for f, c in raw["costs"].items()}
+            costs = {f: PassCost(f, tuple(c["widths"]), tuple(c["seconds"]), True) for f, c in raw["costs"].items()}
             measured_s = float(raw.get("measured_s", 0.0))
         except (ValueError, KeyError, TypeError):  # a damaged cache file is measured again
             costs = {}
@@ -201,10 +203,19 @@ def measure(
         if busy is not None:  # CPU seconds the rest of the machine spent, per second of measuring
             others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine))
             others /= max(1e-9, time.perf_counter() - wall)
-    out = {
-        fmt: PassCost(fmt, tuple(widths), tuple(_monotone([cases[fmt, w].seconds for w in widths]))) for fmt in formats
-    }
+    out = {fmt: PassCost(fmt, tuple(widths), _curve([cases[fmt, w] for w in widths]), True) for fmt in formats}
     return out, others
+
+
+def _curve(timers: list[_PassTimer]) -> tuple[float, ...]:
+    """One format's seconds by width: the narrowest pass's fastest run, times each width's median
+    ratio to it within a round. The CPU's speed drifts while it is measured (its clock, other
+    tenants: a 1-token pass went 34 -> 21 ms over three back-to-back measurements here), and
+    taking each width's own minimum mixed rounds, which flattened a curve that rises 26 % from
+    1 to 4 tokens into a flat one."""
+    first = timers[0].runs[1:]  # the first round warms the kernels up
+    ratios = [statistics.median(t / f for t, f in zip(timer.runs[1:], first)) for timer in timers]
+    return tuple(timers[0].seconds * r for r in _monotone(ratios))
 
 
 def _busy_seconds() -> float | None:
@@ -234,6 +245,7 @@ class _PassTimer:
         self.mask = mask if width > 1 else None
         self.bias = self._bias()
         self.best = [float("inf")] * 3
+        self.runs: list[float] = []  # seconds of each whole (estimated) pass, one per round
 
     def _bias(self) -> torch.Tensor | None:
         from paradec.models.llama import attention_bias
@@ -254,6 +266,7 @@ class _PassTimer:
         m.normed_logits(h)
         t3 = time.perf_counter()
         self.best = [min(b, t) for b, t in zip(self.best, (t1 - t0, t2 - t1, t3 - t2))]
+        self.runs.append(t1 - t0 + self.layers * (t2 - t1) + t3 - t2)
 
     @property
     def seconds(self) -> float:
@@ -267,43 +280,6 @@ def _monotone(seconds: list[float]) -> list[float]:
         top = max(top, s)
         out.append(top)
     return out
-
-
-def source_formats(model_dir: Path) -> tuple[str, ...]:
-    """The formats a model's weights may run in without a new quantization of their own:
-    bf16 and fp32 always; int8 when the file is quantized to 8 bits or fewer (GGUF Q8_0 ..);
-    int4 when to 4 bits or fewer (GGUF Q4_0, Q4_1, Q4_K ..: the int4 kernel keeps their levels)."""
-    from paradec.models.adapter import is_adapter
-
-    marker = Path(model_dir) / "paradec_gguf.json"
-    allowed = ["bf16", "fp32"]
-    if is_adapter(model_dir):  # merged weights sit on no quantization grid
-        return tuple(allowed)
-    if marker.is_file():
-        try:
-            types = set(json.loads(marker.read_text()).get("quant_types", ()))
-        except ValueError:
-            types = set()
-        if types & {"Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K"}:
-            allowed.append("int8")
-        if types & {"Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K"}:
-            allowed.append("int4")
-    return tuple(allowed)
-
-
-def format_name(dtype: str, quant: str) -> str:
-    """("bf16", "int4") -> "int4"; ("fp32", "none") -> "fp32"; ("fp32", "int4") -> "int4-fp32"."""
-    if quant == "none":
-        return dtype
-    return quant if dtype == "bf16" else f"{quant}-{dtype}"
-
-
-def format_parts(name: str) -> tuple[str, str]:
-    """The inverse of ``format_name``: -> (activation dtype, quant)."""
-    if name in FORMATS:
-        return FORMATS[name]
-    quant, _, dtype = name.partition("-")
-    return (dtype, quant) if dtype else (name, "none")
 
 
 @dataclass(frozen=True)

@@ -345,7 +345,7 @@ def llamacpp_cost(
     if path.is_file() and not remeasure:
         try:
             raw = json.loads(path.read_text())
-            return PassCost("llamacpp", tuple(raw["widths"]), tuple(raw["seconds"])), path, False
+            return PassCost("llamacpp", tuple(raw["widths"]), tuple(raw["seconds"]), True), path, False
         except (ValueError, KeyError, TypeError):
             pass  # a damaged cache file is measured again
     cache = model.new_cache(1, CONTEXT + max(widths) + 1)
@@ -363,7 +363,7 @@ def llamacpp_cost(
         others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine)) / max(
             1e-9, time.perf_counter() - wall
         )
-    cost = PassCost("llamacpp", tuple(widths), tuple(_monotone([best[w] for w in widths])))
+    cost = PassCost("llamacpp", tuple(widths), tuple(_monotone([best[w] for w in widths])), True)
     if others <= BUSY_CORES:
         _write_json(
             path, {"cpu": asdict(cpu), "gguf": model.path.name, "widths": list(widths), "seconds": list(cost.seconds)}

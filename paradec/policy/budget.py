@@ -100,6 +100,7 @@ class BatchBudget:
         self.draft_s: dict[str, float] = {}  # method -> seconds its drafters take a step (recent average)
         self.last_trees: list[tuple[str, int]] = []  # the last step's drafted rows (method, proposed nodes)
         self.skipped = 0  # steps in a row whose drafting was skipped because it did not pay
+        self.drafted = 0  # steps in a row that drafted (a measured curve: a plain step is taken to time one)
 
     def rate(self, method: str, proposed: int, node: int) -> float:
         return self.accept.rate((method, size_class(proposed)), node)
@@ -160,7 +161,12 @@ class BatchBudget:
         )
         if drafting >= plain:
             self.skipped = 0
+            self.drafted += 1
+            if self.drafted >= 2 * EXPLORE_EVERY and self.latency.seen(batch) < 0.5:
+                self.drafted = 0  # a plain pass of this batch, to measure what drafting is weighed against
+                return 0
             return max(width, 1)
+        self.drafted = 0
         self.skipped += 1
         if self.skipped >= EXPLORE_EVERY:  # the acceptance may have changed with the text: look again
             self.skipped = 0
