@@ -25,12 +25,8 @@ def test_a_burst_of_speed_in_one_round_does_not_bend_the_curve():
     """The shape is each width's median ratio to the 1-token pass of its own round; the level is
     the 1-token pass's fastest run. Each width's own minimum (the old way) gave w=2 1.22x here."""
 
-    class Timer:  # what ``measure`` keeps of a width: one run per round (the first warms up)
-        def __init__(self, runs):
-            self.runs, self.seconds = runs, min(runs[1:])
-
-    rounds = [(0.09, 0.09, 0.09), (0.020, 0.022, 0.025), (0.030, 0.033, 0.0375), (0.018, 0.033, 0.0375)]
-    curve = cpu._curve([Timer([r[w] for r in rounds]) for w in range(3)])
+    rounds = [(0.020, 0.022, 0.025), (0.030, 0.033, 0.0375), (0.018, 0.033, 0.0375)]  # after the warm-up
+    curve = cpu._curve([[r[w] for r in rounds] for w in range(3)], min(r[0] for r in rounds))
     assert [round(s / curve[0], 6) for s in curve] == [1.0, 1.1, 1.25] and curve[0] == 0.018
 
 

@@ -173,9 +173,10 @@ def measure(
     cfg: ModelConfig, formats: tuple[str, ...], exact: bool = True, widths: tuple[int, ...] = WIDTHS, reps: int = 3
 ) -> tuple[dict[str, PassCost], float]:
     """Time one pass per width and format on random weights of ``cfg``'s shapes: ``reps`` rounds
-    over every (format, width), interleaved so a burst of other load hits all of them, and the
-    minimum of each (noise only adds time). -> (curves, the share of the CPU this process got
-    while measuring: ~1 on a quiet machine; well under 1 when other processes competed)."""
+    over every (format, width), interleaved so a burst of other load hits all of them; the level
+    is the 1-token pass's fastest, the shape each round's ratios (``_curve``). -> (curves, the
+    share of the CPU this process got while measuring: ~1 on a quiet machine; well under 1 when
+    other processes competed)."""
     from paradec.models.llama import Transformer
     from paradec.models.quant import pack_linears, quantize_linears
 
@@ -203,19 +204,22 @@ def measure(
         if busy is not None:  # CPU seconds the rest of the machine spent, per second of measuring
             others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine))
             others /= max(1e-9, time.perf_counter() - wall)
-    out = {fmt: PassCost(fmt, tuple(widths), _curve([cases[fmt, w] for w in widths]), True) for fmt in formats}
+    out = {}
+    for fmt in formats:  # each timer's first run warmed the kernels up
+        runs = [cases[fmt, w].runs[1:] for w in widths]
+        out[fmt] = PassCost(fmt, tuple(widths), _curve(runs, cases[fmt, widths[0]].seconds), True)
     return out, others
 
 
-def _curve(timers: list[_PassTimer]) -> tuple[float, ...]:
-    """One format's seconds by width: the narrowest pass's fastest run, times each width's median
-    ratio to it within a round. The CPU's speed drifts while it is measured (its clock, other
+def _curve(runs: list[list[float]], fastest: float) -> tuple[float, ...]:
+    """One runtime's seconds by width: ``runs[i]``, width i's pass in each round after the warm-up;
+    ``fastest``, the narrowest pass's best time. The shape is each width's median ratio to the
+    narrowest pass of the same round. The CPU's speed drifts while it is measured (its clock, other
     tenants: a 1-token pass went 34 -> 21 ms over three back-to-back measurements here), and
     taking each width's own minimum mixed rounds, which flattened a curve that rises 26 % from
     1 to 4 tokens into a flat one."""
-    first = timers[0].runs[1:]  # the first round warms the kernels up
-    ratios = [statistics.median(t / f for t, f in zip(timer.runs[1:], first)) for timer in timers]
-    return tuple(timers[0].seconds * r for r in _monotone(ratios))
+    ratios = [statistics.median(t / f for t, f in zip(r, runs[0])) for r in runs]
+    return tuple(fastest * r for r in _monotone(ratios))
 
 
 def _busy_seconds() -> float | None:

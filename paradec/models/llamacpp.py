@@ -52,7 +52,7 @@ from paradec.cpu import (
     WIDTHS,
     PassCost,
     _busy_seconds,
-    _monotone,
+    _curve,
     _write_json,
     cpu_info,
 )
@@ -350,20 +350,21 @@ def llamacpp_cost(
             pass  # a damaged cache file is measured again
     cache = model.new_cache(1, CONTEXT + max(widths) + 1)
     model.prefill([[i % model.config.vocab_size for i in range(CONTEXT + 1)]], cache)
-    best = {w: float("inf") for w in widths}
+    runs: dict[int, list[float]] = {w: [] for w in widths}
     wall, mine, busy = time.perf_counter(), time.process_time(), _busy_seconds()
-    for _ in range(reps + 1):  # the first round warms the kernels up
+    for r in range(reps + 1):  # the first round warms the kernels up
         for w in widths:
             t = time.perf_counter()
             model.verify([TokenTree.chain(11, list(range(12, 11 + w)))], cache)
-            best[w] = min(best[w], time.perf_counter() - t)
+            if r:
+                runs[w].append(time.perf_counter() - t)
             cache.drop_scratch(0)
     others = 0.0
     if busy is not None:
         others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine)) / max(
             1e-9, time.perf_counter() - wall
         )
-    cost = PassCost("llamacpp", tuple(widths), tuple(_monotone([best[w] for w in widths])), True)
+    cost = PassCost("llamacpp", tuple(widths), _curve([runs[w] for w in widths], min(runs[widths[0]])), True)
     if others <= BUSY_CORES:
         _write_json(
             path, {"cpu": asdict(cpu), "gguf": model.path.name, "widths": list(widths), "seconds": list(cost.seconds)}
