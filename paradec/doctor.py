@@ -26,6 +26,10 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         profile(_model_config(model_dir), allowed, paradec_home(), remeasure=True)
     choice = choose_format(model_dir, "auto", "auto", "cpu")
     prof, path = choice.profile, choice.profile_path
+    if remeasure:
+        for old in path.parent.glob(f"{path.stem}-whole-*.json"):
+            old.unlink()
+    cost = _whole(model)
     backend, lc = _backend(model, model_dir, choice.cost, remeasure)
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     report = {
@@ -41,6 +45,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         "measured_s": round(prof.measured_s, 1),
         "noisy": prof.noisy,
         "backend": backend,
+        "whole_model_ms_per_pass": {w: round(cost.predict(w) * 1000, 2) for w in WIDTHS},
         "ms_per_pass": {
             f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS}
             for f, c in {**prof.costs, **({"llamacpp": lc} if lc else {})}.items()
@@ -48,7 +53,6 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
     }
     if as_json:
         return json.dumps(report)
-    cost = choice.cost
     table = prof.table() + (
         [{"format": "llamacpp", **{f"w={w}": round(s * 1000, 1) for w, s in zip(lc.widths, lc.seconds)}}] if lc else []
     )
@@ -58,17 +62,26 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         f"{report['blas']}",
         f"model     {report['model']} ({prof.shape}); its weights allow: {', '.join(allowed)}",
         f"format    {choice.name}: {choice.reason}",
-        f"          a pass of 2 / 4 / 8 / 16 nodes costs {' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8, 16))}"
-        " `ar` steps: the draft budget starts from this curve",
+        f"          a pass of 1 node takes {cost.predict(1) * 1e3:.1f} ms, of 2 / 4 / 8 / 16 nodes "
+        f"{' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8, 16))} `ar` steps (the whole model's passes, "
+        "measured once after load): the draft budget starts from this curve",
         f"profile   {path} (measured in {prof.measured_s:.1f} s; --remeasure to redo)"
         if not prof.noisy
         else "profile   not cached: other processes kept the cores busy while measuring; rerun on a quiet machine",
         f"backend   {backend}",
         "",
-        f"ms per target pass, by verified width (batch 1, {prof.shape}; llamacpp: the whole GGUF in llama.cpp):",
+        f"ms per target pass, by verified width (batch 1, {prof.shape}; one layer's time x layers + head, which "
+        "chooses the format; llamacpp: the whole GGUF in llama.cpp):",
         markdown_table(table, list(table[0])),
     ]
     return "\n".join(lines)
+
+
+def _whole(model):
+    """The chosen format's curve measured on the whole loaded model (``paradec.cpu.whole``)."""
+    from paradec.engine import load
+
+    return load(model, backend="torch", warmup=False, batch_budget=False).cost
 
 
 def _backend(model, model_dir: Path, torch_cost, remeasure: bool):

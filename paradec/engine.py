@@ -22,6 +22,7 @@ import torch
 from paradec import companions, methods
 from paradec.config import GenerationConfig, ModelConfig
 from paradec.cpu import DTYPES, FormatChoice, ParadecWarning, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
+from paradec.cpu.whole import cached_curve, whole_curve, whole_key
 from paradec.draft import Drafter, NgramDrafter, TreeDrafter
 from paradec.draft.ngram import PLD_DRAFT
 from paradec.errors import ParadecError
@@ -244,10 +245,9 @@ def load(
     for oneDNN where their rows stay invariant (``models.quant.pack_linears``; inference only:
     training, which runs autograd through the frozen target, passes False). ``batch``: the rows
     the engine is built for; "auto" takes the format with the cheapest `ar` step of that many rows
-    (a server passes its --max-batch: a batch of 16 costs 52 ms in packed bf16 and 76 in int8 on an
-    AMX Xeon, where one row costs 52 and 34). ``cost``: the
-    pass-cost curve policies start from (``PassCost.flat()``: every width the same, as tests
-    do). ``batch_budget``: cut a batch's greedy chains to the width that pays (``policy.budget``).
+    (a server passes its --max-batch). ``cost``: the pass-cost curve policies start from (default:
+    the loaded model's, measured once, ``cpu.whole``; ``PassCost.flat()``: every width the same, as
+    tests do). ``batch_budget``: cut a batch's greedy chains to the width that pays (``policy.budget``).
     ``backend``: "torch", "llamacpp" (llama.cpp's kernels on a GGUF file, `ar` only:
     ``models.llamacpp``) or "auto" (default, or ``$PARADEC_BACKEND``): llama.cpp when it is
     installed, the model is a GGUF file, ``methods_used`` all run there, nothing torch-only is
@@ -260,8 +260,7 @@ def load(
     if threads is not None:
         torch.set_num_threads(threads)
     given = _companions_given(companions_given)
-    asked = backend or os.environ.get("PARADEC_BACKEND") or "auto"
-    if asked not in BACKENDS:
+    if (asked := backend or os.environ.get("PARADEC_BACKEND") or "auto") not in BACKENDS:
         raise ParadecError(f"unknown backend {asked!r}; use {', '.join(BACKENDS)}")
     source = Path(model_dir)
     optional = methods.only_uses_drafters(methods_used)  # auto's: not loaded if llama.cpp runs the model
@@ -272,13 +271,22 @@ def load(
     choice = choose_format(model_dir, dtype, quant, device, exact, batch=batch)
     eligible = is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available()
     wanted = asked == "llamacpp" or (asked == "auto" and eligible)
+    measured = cost is None and choice.cost is not None and choice.cost.measured
+    key = whole_key(choice.name, quant_head, pack, exact)
+    engine, whole = None, cached_curve(key, choice.profile_path) if measured else None  # the model's own passes
     if wanted and _llamacpp_runs(source, asked, threads):  # llama.cpp where it may run and measures faster
         lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
-        lc_choice = _llamacpp_choice(lc, choice, asked, AUTO_MARGIN if optional else 1.0)
+        if asked == "auto" and measured and whole is None:  # whole passes against whole passes
+            engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack)
+            whole = whole_curve(engine.model, key, choice.profile_path)
+        compared = choice if whole is None else replace(choice, cost=whole)
+        lc_choice = _llamacpp_choice(lc, compared, asked, AUTO_MARGIN if optional else 1.0)
         if lc_choice is not None:
             engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
             return _finish_load(engine, lc_choice, cost, batch_budget, warmup)
-    engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack)
+    engine = engine or _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack)
+    if measured:
+        choice = replace(choice, cost=whole or whole_curve(engine.model, key, choice.profile_path))
     return _finish_load(engine, choice, cost, batch_budget, warmup)
 
 

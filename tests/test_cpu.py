@@ -138,3 +138,33 @@ def test_a_server_takes_the_format_cheapest_for_its_full_batch(llama_dir, monkey
     with pytest.raises(Loaded):
         main(["serve", "--model", str(llama_dir), "--max-batch", "16"])
     assert asked["batch"] == 16
+
+
+def test_the_loaded_models_curve_is_measured_once_and_replaces_one_layers(llama_dir, tmp_path, monkeypatch):
+    """``cpu.whole``: the policies' curve is timed on the whole loaded model (one layer's weights
+    stay in cache, so the one-layer profile was flatter than real passes), cached by what decides
+    it, not cached when measured beside other work, and read back without measuring."""
+    from paradec.cpu import whole
+
+    engine = paradec.load(llama_dir, warmup=False)
+    key = whole.whole_key(engine.format.name, None, True, True)
+    cached = whole.cached_curve(key, engine.format.profile_path)
+    assert cached is not None and engine.cost == cached and engine.cost is engine.format.cost
+    assert engine.cost.measured and list(engine.cost.seconds) == sorted(engine.cost.seconds)
+    assert engine.cost != engine.format.profile.costs[engine.format.name]  # not the one-layer estimate
+
+    profile_path = tmp_path / "cpu-shape.json"
+    clock = iter(range(0, 10**6, 50))  # other processes keep the machine busy: measured, not kept
+    monkeypatch.setattr(whole, "_busy_seconds", lambda: float(next(clock)))
+    busy = whole.whole_curve(engine.model, key, profile_path, reps=1)
+    assert busy.measured and busy.widths == cpu.WIDTHS and not list(tmp_path.glob("*-whole-*.json"))
+    monkeypatch.setattr(whole, "_busy_seconds", lambda: 0.0)
+    first = whole.whole_curve(engine.model, key, profile_path, reps=1)
+    assert len(list(tmp_path.glob("cpu-shape-whole-*.json"))) == 1
+
+    def fail(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(whole, "_runs", fail)
+    assert whole.whole_curve(engine.model, key, profile_path) == first
+    assert whole.cached_curve(whole.whole_key("fp32", "int8", True, True), profile_path) is None  # another key
