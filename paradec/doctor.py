@@ -30,7 +30,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         for old in path.parent.glob(f"{path.stem}-whole-*.json"):
             old.unlink()
     cost = _whole(model)
-    backend, lc = _backend(model, model_dir, choice.cost, remeasure)
+    backend, lc = _backend(model, model_dir, cost, remeasure)
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     report = {
         "cpu": asdict(cpu),

@@ -5,12 +5,12 @@ every format at first load, and right about which format has the cheapest `ar` s
 layer's weights stay in the CPU's caches from pass to pass, and a real pass streams every
 layer's weights from memory, so the one-layer curve is flatter than the model's. On the AMX Xeon
 (SmolLM2, int4) it priced 2 / 4 / 8 verified tokens at 1.00 / 1.13 / 1.56 `ar` steps; the loaded
-model's passes cost 1.18 / 1.43 / 2.04. Every draft policy sized its trees on the flatter curve,
+model's passes cost 1.18 / 1.36 / 2.10. Every draft policy sized its trees on the flatter curve,
 so the drafters verified tokens that did not pay for themselves.
 
 So once the format is chosen and the model loaded, ``whole_curve`` times the model's own passes
 at the same widths (rounds interleaved over the widths, the shape from each round's ratios as in
-``paradec.cpu._curve``), ~2 s, and caches the curve beside the profile per CPU, model shape and
+``paradec.cpu._curve``), ~5 s, and caches the curve beside the profile per CPU, model shape and
 what else decides the passes' cost (the LM head's format, packing, the exact numerics). The
 choice between runtimes (llama.cpp's `ar` or torch's) compares this curve with llama.cpp's, both
 whole passes: the one-layer level had put torch's `ar` step at 34 ms where its passes take 19.
