@@ -30,7 +30,7 @@ from paradec.config import SamplingConfig
 from paradec.draft import Drafter
 from paradec.draft.base import DrafterHooks
 from paradec.draft.ngram import NgramDrafter
-from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose
+from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose_group
 from paradec.state import StepReport
 from paradec.tree.proposal import Proposal, merge
 from paradec.tree.tree import TokenTree
@@ -108,13 +108,14 @@ class AutoDrafter(DrafterHooks):
         for name in [name for name in self.arms if not self.stats.offers(name)]:
             del self.arms[name]
             self.started.discard(name)
-        self.choices = []
+        options = []
         for b in range(len(sequences)):
-            options = [Option(name, self.sizes[name]) for name in self.arms]
+            options.append([Option(name, self.sizes[name]) for name in self.arms])
             if chains is not None and len(chains[b].tokens) > 1:
-                options.append(Option("pld", len(chains[b].tokens) - 1, matched[b]))
-            self.choices.append(choose(self.stats, self.rows[b], options, self.batch))
-            self.stats.tally(list(self.arms), self.choices[-1])
+                options[b].append(Option("pld", len(chains[b].tokens) - 1, matched[b]))
+        self.choices = choose_group(self.stats, self.rows, options, self.batch)
+        for c in self.choices:
+            self.stats.tally(list(self.arms), c)
         drafted = {}
         for name, arm in self.arms.items():
             widths = [c.width for c in self.choices if c.drafter == name]
@@ -126,8 +127,8 @@ class AutoDrafter(DrafterHooks):
             arm.set_width(max(widths) if widths else 0)  # 0: no passes of its own this step
             t_arm = time.perf_counter()
             drafted[name] = arm.propose(sequences, generators)
-            if widths:  # a row's share: the arm's passes serve every row that chose it at once
-                self.stats.observe_draft(name, (time.perf_counter() - t_arm) / len(widths))
+            if widths:  # a row's share: the arm's passes serve every row of the group at once
+                self.stats.observe_draft(name, (time.perf_counter() - t_arm) / len(sequences))
         self.trees = []
         for b, (seq, c) in enumerate(zip(sequences, self.choices)):
             if c.drafter == "ar":

@@ -16,8 +16,8 @@ For a row in a pass of ``batch`` rows, drafter a with its tree cut to w nodes (r
   pads to w, as a batch of rows that choose alike does.
 - d_a: what drafter a's proposal costs a row a step, measured (prompt lookup: ~0; EAGLE: its
   head's passes; an SSM: its passes), starting at 0 so that every drafter is tried. A drafter's
-  passes serve every row that chose it at once, so a row's share is the step's drafting time over
-  those rows (charging each row the whole batch's drafting kept EAGLE out of batches).
+  passes serve every row of its group at once, so a row's share is the step's drafting time over
+  the group's rows; ``choose_group`` then drops a drafter that too few of them chose to pay for.
 
 `ar` is w = 1: value 1 / T(batch) / batch. A drafter's statistics forget with its own observations
 only, so one tried rarely keeps what was measured of it; a row whose choice has been `ar` for
@@ -68,6 +68,7 @@ class Choice:
     context: int = 0
     value: float = 0.0  # expected committed tokens per second of the row
     explored: bool = False  # taken to look again (EXPLORE_EVERY), not because it was the best
+    expected: float = 1.0  # expected committed tokens of the row
 
 
 @dataclass
@@ -161,6 +162,37 @@ class RowStats:
 def choose(stats: AutoStats, row: RowStats, options: list[Option], batch: int) -> Choice:
     """The row's best option and width by expected committed tokens per second (see the module's
     docstring); after EXPLORE_EVERY choices of `ar` in a row, the best option that drafts."""
+    best, runner_up = _rank(stats, row, options, batch)
+    row.plain = row.plain + 1 if best.drafter == "ar" else 0
+    if row.plain >= EXPLORE_EVERY and runner_up is not None:  # look again at what is not run
+        row.plain = 0
+        return replace(runner_up, explored=True)
+    return best
+
+
+def choose_group(stats: AutoStats, rows: list[RowStats], options: list[list[Option]], batch: int) -> list[Choice]:
+    """One step of a group of rows whose model drafters each run once for all of its rows
+    (``draft_s``: a drafter's time per row of the group): every row's ``choose``, then each model
+    drafter that was chosen is dropped where the group commits more tokens per second without it.
+    A drafter's passes cost the group as much for one row as for all of them, and a wider tree
+    widens the whole padded pass, so a drafter that pays when every row takes it may not pay for
+    one row alone (at 4 rows, EAGLE's head passes cost a row 10 ms against its 11 ms share of the
+    pass when charged to the one row that chose it, and auto chose it on 1 step of 500)."""
+    choices = [choose(stats, row, opts, batch) for row, opts in zip(rows, options)]
+    for arm in sorted({c.drafter for c in choices} - FREE - {"ar"}):
+        if any(c.explored for c in choices if c.drafter == arm):
+            continue  # a row looking again pays for it on purpose
+        without = [
+            c if c.drafter != arm else _rank(stats, row, [o for o in opts if o.drafter != arm], batch)[0]
+            for c, row, opts in zip(choices, rows, options)
+        ]
+        if _group_value(stats, without, batch) > _group_value(stats, choices, batch):
+            choices = without
+    return choices
+
+
+def _rank(stats: AutoStats, row: RowStats, options: list[Option], batch: int) -> tuple[Choice, Choice | None]:
+    """(the best choice, the best that drafts or None) for one row; no bookkeeping."""
     plain = Choice("ar", 1, 0, 1.0 / (stats.pass_s(batch) / batch))
     best, runner_up = plain, None
     for opt in options:
@@ -171,11 +203,17 @@ def choose(stats: AutoStats, row: RowStats, options: list[Option], batch: int) -
             gained += rate
             value = (1.0 + gained) / (stats.pass_s(batch * w) / batch + cost)
             if value > best.value * (1 + 1e-9):
-                best = Choice(opt.drafter, w, opt.context, value)
+                best = Choice(opt.drafter, w, opt.context, value, expected=1.0 + gained)
             if runner_up is None or value > runner_up.value:
-                runner_up = Choice(opt.drafter, w, opt.context, value)
-    row.plain = row.plain + 1 if best.drafter == "ar" else 0
-    if row.plain >= EXPLORE_EVERY and runner_up is not None:  # look again at what is not run
-        row.plain = 0
-        return replace(runner_up, explored=True)
-    return best
+                runner_up = Choice(opt.drafter, w, opt.context, value, expected=1.0 + gained)
+    return best, runner_up
+
+
+def _group_value(stats: AutoStats, choices: list[Choice], batch: int) -> float:
+    """Expected committed tokens per second of a group making ``choices`` in a pass of ``batch``
+    rows: its share of the pass padded to its widest tree, plus each model drafter it runs."""
+    n = len(choices)
+    drafters = {c.drafter for c in choices} - FREE - {"ar"}
+    drafting = 0.0 if stats.frozen else n * sum(stats.draft_s.get(d, 0.0) for d in drafters)
+    seconds = stats.pass_s(batch * max(c.width for c in choices)) * n / batch + drafting
+    return sum(c.expected for c in choices) / seconds
