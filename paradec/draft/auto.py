@@ -104,7 +104,7 @@ class AutoDrafter(DrafterHooks):
             for seq in sequences:
                 chains.append(self.lookup.propose(seq))
                 matched.append(self.lookup.matched)  # the context of its statistics: a longer match, a surer chain
-            self.stats.observe_draft("pld", (time.perf_counter() - t0) / len(sequences))
+            self.stats.observe_draft("pld", (time.perf_counter() - t0) / len(sequences), len(sequences))
         for name in [name for name in self.arms if not self.stats.offers(name)]:
             del self.arms[name]
             self.started.discard(name)
@@ -128,7 +128,7 @@ class AutoDrafter(DrafterHooks):
             t_arm = time.perf_counter()
             drafted[name] = arm.propose(sequences, generators)
             if widths:  # a row's share: the arm's passes serve every row of the group at once
-                self.stats.observe_draft(name, (time.perf_counter() - t_arm) / len(sequences))
+                self.stats.observe_draft(name, (time.perf_counter() - t_arm) / len(sequences), len(sequences))
         self.trees = []
         for b, (seq, c) in enumerate(zip(sequences, self.choices)):
             if c.drafter == "ar":

@@ -79,7 +79,10 @@ class AutoStats:
     curve: PassCost | None = None
     frozen: bool = False  # deterministic: no timings, no curve, so the choice follows the tokens alone
     accept: Acceptance = field(default_factory=lambda: Acceptance(per_key=True))
-    draft_s: dict[str, float] = field(default_factory=dict)  # drafter -> seconds per row-step (recent average)
+    # (drafter, rows of its group) -> seconds per row-step (recent average): a drafter's passes serve
+    # all of a group's rows, so a row's share depends on how many there are, and a share measured at
+    # one size never reprices another (EAGLE's 6.4 ms a row alone kept it out of groups of 4 for good)
+    draft_s: dict[tuple[str, int], float] = field(default_factory=dict)
     steps: int = 0  # row-steps this engine has chosen for
     offered: dict[str, int] = field(default_factory=dict)  # model drafter -> row-steps offered (this term)
     chosen: dict[str, int] = field(default_factory=dict)  # ... and chosen on value
@@ -122,9 +125,14 @@ class AutoStats:
                     self.retired[name] = self.steps + RETIRE_FOR
                 self.offered[name] = self.chosen[name] = 0
 
-    def observe_draft(self, drafter: str, seconds: float, decay: float = 0.8) -> None:
+    def observe_draft(self, drafter: str, seconds: float, rows: int = 1, decay: float = 0.8) -> None:
         if not self.frozen:
-            self.draft_s[drafter] = self.draft_s.get(drafter, seconds) * decay + seconds * (1 - decay)
+            key = (drafter, rows)
+            self.draft_s[key] = self.draft_s.get(key, seconds) * decay + seconds * (1 - decay)
+
+    def draft_cost(self, drafter: str, rows: int = 1) -> float:
+        """A row's share of ``drafter``'s step in a group of ``rows`` (0 until measured: tried first)."""
+        return 0.0 if self.frozen else self.draft_s.get((drafter, rows), 0.0)
 
 
 class RowStats:
@@ -159,10 +167,11 @@ class RowStats:
         self.shared.observe(key, offered, accepted)
 
 
-def choose(stats: AutoStats, row: RowStats, options: list[Option], batch: int) -> Choice:
+def choose(stats: AutoStats, row: RowStats, options: list[Option], batch: int, rows: int = 1) -> Choice:
     """The row's best option and width by expected committed tokens per second (see the module's
-    docstring); after EXPLORE_EVERY choices of `ar` in a row, the best option that drafts."""
-    best, runner_up = _rank(stats, row, options, batch)
+    docstring), in a group of ``rows``; after EXPLORE_EVERY choices of `ar` in a row, the best
+    option that drafts."""
+    best, runner_up = _rank(stats, row, options, batch, rows)
     row.plain = row.plain + 1 if best.drafter == "ar" else 0
     if row.plain >= EXPLORE_EVERY and runner_up is not None:  # look again at what is not run
         row.plain = 0
@@ -178,12 +187,13 @@ def choose_group(stats: AutoStats, rows: list[RowStats], options: list[list[Opti
     widens the whole padded pass, so a drafter that pays when every row takes it may not pay for
     one row alone (at 4 rows, EAGLE's head passes cost a row 10 ms against its 11 ms share of the
     pass when charged to the one row that chose it, and auto chose it on 1 step of 500)."""
-    choices = [choose(stats, row, opts, batch) for row, opts in zip(rows, options)]
+    n = len(rows)
+    choices = [choose(stats, row, opts, batch, n) for row, opts in zip(rows, options)]
     for arm in sorted({c.drafter for c in choices} - FREE - {"ar"}):
         if any(c.explored for c in choices if c.drafter == arm):
             continue  # a row looking again pays for it on purpose
         without = [
-            c if c.drafter != arm else _rank(stats, row, [o for o in opts if o.drafter != arm], batch)[0]
+            c if c.drafter != arm else _rank(stats, row, [o for o in opts if o.drafter != arm], batch, n)[0]
             for c, row, opts in zip(choices, rows, options)
         ]
         if _group_value(stats, without, batch) > _group_value(stats, choices, batch):
@@ -191,12 +201,14 @@ def choose_group(stats: AutoStats, rows: list[RowStats], options: list[list[Opti
     return choices
 
 
-def _rank(stats: AutoStats, row: RowStats, options: list[Option], batch: int) -> tuple[Choice, Choice | None]:
-    """(the best choice, the best that drafts or None) for one row; no bookkeeping."""
+def _rank(
+    stats: AutoStats, row: RowStats, options: list[Option], batch: int, rows: int = 1
+) -> tuple[Choice, Choice | None]:
+    """(the best choice, the best that drafts or None) for one row of a group of ``rows``; no bookkeeping."""
     plain = Choice("ar", 1, 0, 1.0 / (stats.pass_s(batch) / batch))
     best, runner_up = plain, None
     for opt in options:
-        cost = 0.0 if stats.frozen else stats.draft_s.get(opt.drafter, 0.0)
+        cost = stats.draft_cost(opt.drafter, rows)
         key = (opt.drafter, opt.context)
         gained = 0.0
         for w, rate in enumerate(row.rates(key, opt.size), 2):
@@ -214,6 +226,6 @@ def _group_value(stats: AutoStats, choices: list[Choice], batch: int) -> float:
     rows: its share of the pass padded to its widest tree, plus each model drafter it runs."""
     n = len(choices)
     drafters = {c.drafter for c in choices} - FREE - {"ar"}
-    drafting = 0.0 if stats.frozen else n * sum(stats.draft_s.get(d, 0.0) for d in drafters)
+    drafting = n * sum(stats.draft_cost(d, n) for d in drafters)
     seconds = stats.pass_s(batch * max(c.width for c in choices)) * n / batch + drafting
     return sum(c.expected for c in choices) / seconds
