@@ -73,9 +73,13 @@ class NgramDrafter:
     def continuations(self, tokens: list[int]) -> list[list[int]]:
         """Distinct continuations of the longest suffix (<= max_ngram) seen before, newest first."""
         arr = np.asarray(tokens, dtype=np.int64)
+        # where an earlier token equals the last one: every match of a suffix ends at one of these
+        ends = np.flatnonzero(arr[:-1] == arr[-1])
         for n in range(min(self.max_ngram, len(arr) - 1), self.min_ngram - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # all but the suffix itself
-            hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+            hits = ends[ends >= n - 1]
+            for k in range(1, n):  # the suffix's k-th token from the end matches too
+                hits = hits[arr[hits - k] == arr[-1 - k]]
+            hits = hits - (n - 1)  # where each match starts
             found: list[list[int]] = []
             length = self.num_draft if self.per_match is None else min(self.num_draft, self.per_match * n)
             for start in hits[::-1]:
