@@ -145,7 +145,9 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
         sizes["specinfer"] = arms["specinfer"].max_nodes
     per_match, most = PLD_DRAFT["none"]  # the longest chains: auto verifies what pays of them
     lookup = NgramDrafter(gen.option(LookupOptions).max_ngram, most, 1, per_match=per_match)
-    return AutoDrafter(arms, sizes, lookup, stats, gen.sampling, lazy=frozenset({"specinfer"}))
+    return AutoDrafter(
+        arms, sizes, lookup, stats, gen.sampling, lazy=frozenset({"specinfer", "eagle"}), featured=frozenset({"eagle"})
+    )
 
 
 def aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:

@@ -111,6 +111,43 @@ def test_a_drafter_the_engine_keeps_not_choosing_is_retired_at_once(engine, monk
     assert set(outs[1].stats.drafters) <= {"ar", "pld"}
 
 
+def test_eagle_starts_when_first_chosen_from_the_targets_features_of_the_context(engine, monkeypatch):
+    """EAGLE's head is not run over the prompt at admission (a cost every request paid, chosen or
+    not): it starts the step a row first chooses it, from the target's features of everything so
+    far (the prefill's, then each commit's), as if that were the prompt; the tokens stay `ar`'s."""
+    from paradec.draft import auto as draft_auto
+
+    engine.policies.pop(("auto",), None)
+    steps, begun = [], []
+    real_choose, real_begin = draft_auto.choose_group, EagleDrafter.begin
+
+    def eagle_from_step_4(stats, rows, options, batch):
+        steps.append(1)
+        keep = (lambda o: o.drafter == "eagle") if len(steps) > 3 else (lambda o: o.drafter != "eagle")
+        return real_choose(stats, rows, [[o for o in opts if keep(o)] for opts in options], batch)
+
+    def begin(self, prompts, max_len, features=None):
+        begun.append(([list(p) for p in prompts], features))
+        return real_begin(self, prompts, max_len, features)
+
+    monkeypatch.setattr(draft_auto, "choose_group", eagle_from_step_4)
+    monkeypatch.setattr(EagleDrafter, "begin", begin)
+    prompt = PROMPTS[1]
+    ar = engine.generate(prompt, max_new_tokens=N_NEW, ignore_eos=True).token_ids
+    out = engine.generate(prompt, method="auto", max_new_tokens=N_NEW, ignore_eos=True)
+    assert out.token_ids == ar and out.stats.drafters.get("eagle", 0) > 0
+    assert len(begun) == 1  # once, at the first step that chose it
+    (context,), features = begun[0]
+    prompt_ids = engine.encode(prompt)
+    assert len(context) > len(prompt_ids) + 2 and context[: len(prompt_ids)] == prompt_ids
+    model = engine.model
+    with torch.no_grad():  # the target's final normed hidden state before each token but the first
+        ids = torch.tensor([context])
+        _, want = model.normed_logits(model.hidden(ids, torch.arange(len(context))[None], None, None))
+    assert features.shape == (1, len(context) - 1, want.shape[-1])
+    assert torch.allclose(features[0], want[0, :-1], atol=1e-3)
+
+
 def test_a_declined_lookup_chain_is_scored_by_what_the_row_commits(engine, monkeypatch):
     """The engine believes lookup chains fail (learned at 5 %) and a 2-position pass costs 1.1 steps,
     so the row starts on `ar`. On a text that repeats itself, the chains it declines are scored by
