@@ -29,7 +29,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
     if remeasure:
         for old in path.parent.glob(f"{path.stem}-whole-*.json"):
             old.unlink()
-    cost = _whole(model)
+    cost = _whole(model, choice)
     backend, lc = _backend(model, model_dir, cost, remeasure)
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     report = {
@@ -77,11 +77,14 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
     return "\n".join(lines)
 
 
-def _whole(model):
-    """The chosen format's curve measured on the whole loaded model (``paradec.cpu.whole``)."""
+def _whole(model, choice):
+    """The chosen format's curve measured on the whole loaded model (``paradec.cpu.whole``): its
+    cache as ``load`` keys it by default, else the model loaded and timed."""
+    from paradec.cpu.whole import cached_curve, whole_key
     from paradec.engine import load
 
-    return load(model, backend="torch", warmup=False, batch_budget=False).cost
+    cached = cached_curve(whole_key(choice.name, None, True, True), choice.profile_path)
+    return cached or load(model, backend="torch", warmup=False, batch_budget=False).cost
 
 
 def _backend(model, model_dir: Path, torch_cost, remeasure: bool):

@@ -155,10 +155,10 @@ def test_the_loaded_models_curve_is_measured_once_and_replaces_one_layers(llama_
 
     profile_path = tmp_path / "cpu-shape.json"
     clock = iter(range(0, 10**6, 50))  # other processes keep the machine busy: measured, not kept
-    monkeypatch.setattr(whole, "_busy_seconds", lambda: float(next(clock)))
+    monkeypatch.setattr(cpu, "_busy_seconds", lambda: float(next(clock)))
     busy = whole.whole_curve(engine.model, key, profile_path, reps=1)
     assert busy.measured and busy.widths == cpu.WIDTHS and not list(tmp_path.glob("*-whole-*.json"))
-    monkeypatch.setattr(whole, "_busy_seconds", lambda: 0.0)
+    monkeypatch.setattr(cpu, "_busy_seconds", lambda: 0.0)
     first = whole.whole_curve(engine.model, key, profile_path, reps=1)
     assert len(list(tmp_path.glob("cpu-shape-whole-*.json"))) == 1
 

@@ -196,14 +196,11 @@ def measure(
             pack_linears(model)
             for w in widths:
                 cases[fmt, w] = _PassTimer(model, cfg.num_layers, w)
-        wall, mine, busy = time.perf_counter(), time.process_time(), _busy_seconds()
+        watch = OthersWatch()
         for _ in range(reps + 1):  # the first round warms the kernels up
             for timer in cases.values():
                 timer.run()
-        others = 0.0
-        if busy is not None:  # CPU seconds the rest of the machine spent, per second of measuring
-            others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine))
-            others /= max(1e-9, time.perf_counter() - wall)
+        others = watch.share()
     out = {}
     for fmt in formats:  # each timer's first run warmed the kernels up
         runs = [cases[fmt, w].runs[1:] for w in widths]
@@ -222,6 +219,37 @@ def _curve(runs: list[list[float]], fastest: float) -> tuple[float, ...]:
     return tuple(fastest * r for r in _monotone(ratios))
 
 
+class OthersWatch:
+    """How many cores the rest of the machine kept busy while this process measured, from
+    ``/proc/stat``: a measurement taken beside other work is not cached (``BUSY_CORES``)."""
+
+    def __init__(self) -> None:
+        self.wall, self.mine, self.busy = time.perf_counter(), time.process_time(), _busy_seconds()
+
+    def share(self) -> float:
+        """CPU seconds the other processes spent, per second since this watch began (0: unknown)."""
+        if self.busy is None:
+            return 0.0
+        others = max(0.0, (_busy_seconds() - self.busy) - (time.process_time() - self.mine))
+        return others / max(1e-9, time.perf_counter() - self.wall)
+
+
+def chain_inputs(model, width: int) -> tuple:
+    """What a measured pass of a ``width``-token chain after CONTEXT cached tokens feeds ``model``:
+    (a cache of random keys and values, tokens [1, width], positions [1, width], mask [1, 1, width,
+    CONTEXT + width] or None for one token: each token sees the prefix, itself and those before it)."""
+    cache = model.new_cache(1, CONTEXT + width)
+    cache.keys.normal_()
+    cache.values.normal_()
+    cache.advance(0, CONTEXT)
+    mask = None
+    if width > 1:
+        mask = torch.ones(1, 1, width, CONTEXT + width, dtype=torch.bool)
+        mask[0, 0, :, CONTEXT:] = torch.ones(width, width, dtype=torch.bool).tril()
+    tokens = torch.arange(width)[None] % model.config.vocab_size
+    return cache, tokens, torch.arange(CONTEXT, CONTEXT + width)[None], mask
+
+
 def _busy_seconds() -> float | None:
     """CPU seconds every process on the machine has run so far (Linux's /proc/stat), else None."""
     try:
@@ -238,15 +266,7 @@ class _PassTimer:
 
     def __init__(self, model, layers: int, width: int) -> None:
         self.model, self.layers, self.width = model, layers, width
-        self.cache = model.new_cache(1, CONTEXT + width)
-        self.cache.keys.normal_()
-        self.cache.values.normal_()
-        self.cache.advance(0, CONTEXT)
-        self.tokens = torch.arange(width)[None] % model.config.vocab_size
-        self.positions = torch.arange(CONTEXT, CONTEXT + width)[None]
-        mask = torch.ones(1, 1, width, CONTEXT + width, dtype=torch.bool)
-        mask[0, 0, :, CONTEXT:] = torch.ones(width, width, dtype=torch.bool).tril()
-        self.mask = mask if width > 1 else None
+        self.cache, self.tokens, self.positions, self.mask = chain_inputs(model, width)
         self.bias = self._bias()
         self.best = [float("inf")] * 3
         self.runs: list[float] = []  # seconds of each whole (estimated) pass, one per round

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from paradec.cpu import BUSY_CORES, CONTEXT, WIDTHS, PassCost, _busy_seconds, _curve, _write_json
+from paradec.cpu import BUSY_CORES, WIDTHS, OthersWatch, PassCost, _curve, _write_json, chain_inputs
 
 WHOLE_VERSION = 1  # part of the cache key: bump when what is measured changes
 
@@ -37,14 +37,12 @@ def whole_curve(model, key: str, profile_path: Path | None, reps: int = 3) -> Pa
     cached = cached_curve(key, profile_path)
     if cached is not None:
         return cached
-    busy, mine, wall = _busy_seconds(), time.process_time(), time.perf_counter()
+    watch = OthersWatch()
     runs = _runs(model, WIDTHS, reps)
     cost = PassCost(fmt, WIDTHS, _curve(runs, min(runs[0])), True)
-    if profile_path is not None and busy is not None:
-        others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine))
-        if others / max(1e-9, time.perf_counter() - wall) <= BUSY_CORES:  # not kept when measured beside other work
-            path = _cache_path(key, profile_path)
-            _write_json(path, {"key": key, "widths": list(cost.widths), "seconds": list(cost.seconds)})
+    if profile_path is not None and watch.share() <= BUSY_CORES:  # not kept when measured beside other work
+        path = _cache_path(key, profile_path)
+        _write_json(path, {"key": key, "widths": list(cost.widths), "seconds": list(cost.seconds)})
     return cost
 
 
@@ -73,18 +71,7 @@ def _cache_path(key: str, profile_path: Path) -> Path:
 def _runs(model, widths: tuple[int, ...], reps: int) -> list[list[float]]:
     """[width][round] seconds of one whole pass (embedding to logits) of ``width`` tree tokens
     after a CONTEXT-token prefix of random keys and values; the first round warms up and is dropped."""
-    vocab = model.config.vocab_size
-    cases = []
-    for w in widths:
-        cache = model.new_cache(1, CONTEXT + w)
-        cache.keys.normal_()
-        cache.values.normal_()
-        cache.advance(0, CONTEXT)
-        mask = None
-        if w > 1:  # a chain: each token sees the prefix, itself and the tokens before it
-            mask = torch.ones(1, 1, w, CONTEXT + w, dtype=torch.bool)
-            mask[0, 0, :, CONTEXT:] = torch.ones(w, w, dtype=torch.bool).tril()
-        cases.append((cache, torch.arange(w)[None] % vocab, torch.arange(CONTEXT, CONTEXT + w)[None], mask))
+    cases = [chain_inputs(model, w) for w in widths]
     runs: list[list[float]] = [[] for _ in widths]
     with torch.inference_mode():
         for _ in range(reps + 1):

@@ -50,8 +50,8 @@ from paradec.cpu import (
     CONTEXT,
     PROFILE_VERSION,
     WIDTHS,
+    OthersWatch,
     PassCost,
-    _busy_seconds,
     _curve,
     _write_json,
     cpu_info,
@@ -351,7 +351,7 @@ def llamacpp_cost(
     cache = model.new_cache(1, CONTEXT + max(widths) + 1)
     model.prefill([[i % model.config.vocab_size for i in range(CONTEXT + 1)]], cache)
     runs: dict[int, list[float]] = {w: [] for w in widths}
-    wall, mine, busy = time.perf_counter(), time.process_time(), _busy_seconds()
+    watch = OthersWatch()
     for r in range(reps + 1):  # the first round warms the kernels up
         for w in widths:
             t = time.perf_counter()
@@ -359,11 +359,7 @@ def llamacpp_cost(
             if r:
                 runs[w].append(time.perf_counter() - t)
             cache.drop_scratch(0)
-    others = 0.0
-    if busy is not None:
-        others = max(0.0, (_busy_seconds() - busy) - (time.process_time() - mine)) / max(
-            1e-9, time.perf_counter() - wall
-        )
+    others = watch.share()
     cost = PassCost("llamacpp", tuple(widths), _curve([runs[w] for w in widths], min(runs[widths[0]])), True)
     if others <= BUSY_CORES:
         _write_json(
