@@ -12,6 +12,7 @@ import torch
 
 from paradec.bench.report import markdown_table
 from paradec.cpu import WIDTHS, _model_config, choose_format, cpu_info, profile, source_formats
+from paradec.cpu.prefill import describe
 from paradec.models.gguf import paradec_home, resolve_model
 
 
@@ -27,7 +28,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
     choice = choose_format(model_dir, "auto", "auto", "cpu")
     prof, path = choice.profile, choice.profile_path
     if remeasure:
-        for old in path.parent.glob(f"{path.stem}-whole-*.json"):
+        for old in [*path.parent.glob(f"{path.stem}-whole-*.json"), *path.parent.glob(f"{path.stem}-prefill-*.json")]:
             old.unlink()
     cost = _whole(model, choice)
     backend, lc = _backend(model, model_dir, cost, remeasure)
@@ -45,6 +46,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         "measured_s": round(prof.measured_s, 1),
         "noisy": prof.noisy,
         "backend": backend,
+        "prompts": _prompts(model, choice),  # the weights prompt passes take (``cpu.prefill``)
         "whole_model_ms_per_pass": {w: round(cost.predict(w) * 1000, 2) for w in WIDTHS},
         "ms_per_pass": {
             f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS}
@@ -68,6 +70,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         f"profile   {path} (measured in {prof.measured_s:.1f} s; --remeasure to redo)"
         if not prof.noisy
         else "profile   not cached: other processes kept the cores busy while measuring; rerun on a quiet machine",
+        f"prompts   {report['prompts']}",
         f"backend   {backend}",
         "",
         f"ms per target pass, by verified width (batch 1, {prof.shape}; one layer's time x layers + head, which "
@@ -85,6 +88,20 @@ def _whole(model, choice):
 
     cached = cached_curve(whole_key(choice.name, None, True, True), choice.profile_path)
     return cached or load(model, backend="torch", warmup=False, batch_budget=False).cost
+
+
+def _prompts(model, choice) -> str:
+    """The prompt path ``load`` takes for the chosen format (``paradec.cpu.prefill``): its cached
+    verdict, else the model loaded to measure it."""
+    from paradec.engine import load
+
+    found = describe(choice.quant, choice.profile_path)
+    if found is None:
+        load(model, backend="torch", warmup=False, batch_budget=False)
+        found = (
+            describe(choice.quant, choice.profile_path) or f"the {choice.quant} kernels (not cached: a busy machine)"
+        )
+    return found
 
 
 def _backend(model, model_dir: Path, torch_cost, remeasure: bool):

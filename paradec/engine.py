@@ -22,6 +22,7 @@ import torch
 from paradec import companions, methods
 from paradec.config import GenerationConfig, ModelConfig
 from paradec.cpu import DTYPES, FormatChoice, ParadecWarning, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
+from paradec.cpu.prefill import prefill_path
 from paradec.cpu.whole import cached_curve, whole_curve, whole_key
 from paradec.draft import Drafter, NgramDrafter, TreeDrafter
 from paradec.draft.ngram import PLD_DRAFT
@@ -310,7 +311,8 @@ def _engine_on_torch(
     """The target in the chosen format on paradec's runtime, with the companions asked for."""
     model = load_model(model_dir, choice.dtype, device)
     model.set_exact(exact)
-    quantize_linears(model, choice.quant, quant_head)
+    model.prefill_path = prefill_path(model, choice.quant, choice.profile_path) if pack else None  # inference only
+    quantize_linears(model, choice.quant, quant_head, model.prefill_path)
     if pack:
         pack_linears(model)  # the bf16 linears left, where oneDNN packs them row-invariantly
     engine = Engine(model, load_tokenizer(model_dir, model.config.eos_token_ids), model_dir)

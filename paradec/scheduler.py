@@ -116,8 +116,11 @@ class Scheduler:
         in chunks of PREFILL_CHUNK tokens (the same chunks whoever asks, so a prompt's K/V do not
         depend on the load), all of them (``whole``) or the next one. Ready: its drafter begins."""
         model, rows = self.target.model, group.rows
+        # prompt passes through dense weights (``cpu.prefill``) give a row bits that depend on how
+        # many rows the pass has: each row then takes passes of its own, as it would alone
+        together = len(rows) == 1 or getattr(model, "prefill_path", None) is None
         with torch.inference_mode():
-            if max(len(r.tokens) for r in rows) - 1 <= PREFILL_CHUNK:
+            if max(len(r.tokens) for r in rows) - 1 <= PREFILL_CHUNK and together:
                 with self.cache.rows(group.first, len(rows)) as cache:
                     h = prefill(model, rows, cache)
                 features = None if h is None else model.norm(h)

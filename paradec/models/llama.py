@@ -22,13 +22,16 @@ from paradec.kv import KVCache
 GEMV_INNER_LIMIT = 1024
 
 
-def linear(layer: nn.Module, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
+def linear(layer: nn.Module, x: torch.Tensor, exact: bool = True, prefill: bool = False) -> torch.Tensor:
     """``layer(x)`` with each row's result independent of how many rows there are.
 
     x [..., in] -> [..., out]. A single row with a long inner dimension is computed as two
     (itself twice), so an `ar` step and a verified tree give a token the same bits. The
-    quantized layers (``models.quant``) are row-invariant as they are.
+    quantized layers (``models.quant``) are row-invariant as they are. ``prefill``: a prompt
+    pass, which takes a quantized layer's dense weights where it has them (``prefill_linear``).
     """
+    if prefill and (dense := getattr(layer, "prefill_linear", None)) is not None:
+        return dense(x)
     if exact and x.numel() == x.shape[-1] and layer.in_features > GEMV_INNER_LIMIT and isinstance(layer, nn.Linear):
         return layer(torch.cat([x, x], 0))[:1]
     return layer(x)
@@ -100,7 +103,7 @@ class Attention(nn.Module):
         # slots: [batch, n] scratch slot of each token (None: the next n)
         b, n, _ = x.shape
         heads, kv = self.n_heads, self.n_kv
-        qkv = linear(self.wqkv, x, self.exact).view(b, n, heads + 2 * kv, self.head_dim)
+        qkv = linear(self.wqkv, x, self.exact, prefill).view(b, n, heads + 2 * kv, self.head_dim)
         qk = qkv[:, :, : heads + kv]  # queries and keys rotate together: [batch, n, heads + kv, head_dim]
         # rotate_half(x) * sin == roll(x, half) * (sin with its first half negated): one op, same bits
         qk = (qk * cos + qk.roll(self.head_dim // 2, -1) * sin).transpose(1, 2)  # [batch, heads + kv, n, head_dim]
@@ -122,7 +125,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None and cache is None, enable_gqa=gqa
             )
-        return linear(self.wo, out.transpose(1, 2).reshape(b, n, -1), self.exact)
+        return linear(self.wo, out.transpose(1, 2).reshape(b, n, -1), self.exact, prefill)
 
 
 def attention_bias(mask: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -189,9 +192,9 @@ class MLP(nn.Module):
         self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.exact = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(self.w_gate_up, x, self.exact).split(self.inter, -1)
-        return linear(self.w_down, F.silu(gate) * up, self.exact)
+    def forward(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+        gate, up = linear(self.w_gate_up, x, self.exact, prefill).split(self.inter, -1)
+        return linear(self.w_down, F.silu(gate) * up, self.exact, prefill)
 
 
 class Block(nn.Module):
@@ -204,7 +207,7 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache, slots=None, prefill=False):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, slots, prefill)
-        return x + self.mlp(self.mlp_norm(x))
+        return x + self.mlp(self.mlp_norm(x), prefill)
 
 
 class Transformer(nn.Module):
@@ -228,6 +231,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.exact = True
+        self.prefill_path: str | None = None  # the dense weights prompt passes take ("bf16", "fp32"; ``cpu.prefill``)
 
     def set_exact(self, exact: bool) -> None:
         """Shape-invariant numerics for decode/verification passes (default): a token's K/V,

@@ -279,7 +279,12 @@ def aspd_steps(
     with torch.inference_mode():
         prefill = [[_Item(t, i, i + 1, []) for i, t in enumerate(p[:-1])] for p in prompts]
         if any(prefill):  # all but the last token, like the main engine
-            _forward(model, cache, prefill, prefill=True)
+            # a row alone where prompt passes take dense weights (``cpu.prefill``: their bits depend on the rows)
+            alone = getattr(model, "prefill_path", None) is not None
+            spans = [range(r, r + 1) for r in range(len(prompts))] if alone else [range(len(prompts))]
+            for span in (s for s in spans if any(prefill[r] for r in s)):
+                with cache.rows(span[0], len(span)) as part:
+                    _forward(model, part, [prefill[r] for r in span], prefill=True)
             for r, its in enumerate(prefill):
                 cache.advance(r, len(its))
                 if record:
