@@ -86,6 +86,7 @@ class Scheduler:
         # a server: a long prompt is prefilled one chunk per step, between the decode steps of the
         # others, instead of stopping them for its whole prefill
         self.interleave_prefill = interleave_prefill
+        self.drafting = 0.0  # seconds the last step's groups spent proposing
 
     @property
     def free_rows(self) -> int:
@@ -183,27 +184,34 @@ class Scheduler:
             if ver.logits.device.type == "cuda":
                 torch.cuda.synchronize()  # host sync: only to time the pass; acceptance syncs anyway
             t_fwd = time.perf_counter() - t_fwd
+            pass_width = max(len(p.tree) for p in ver.proposals)
             if trees is not None:
-                self.budget.observe_pass(len(proposals) * max(len(p.tree) for p in proposals), t_fwd)
+                self.budget.observe_pass(len(proposals) * pass_width, t_fwd)
+            reports, committed = [], 0
             for g in self.groups:
                 if not g.ready:
                     for i in range(len(g.rows)):
                         self.cache.drop_scratch(g.first + i)
                 elif g.error is None:
                     recall: list[bool] = []
-                    yield from self._accept_group(g, ver, drafted, trees is not None, t_fwd, recall)
-                    if g.error is not None:  # its sampling failed: it has left
-                        continue
-                    span = slice(g.first, g.first + len(g.rows))
-                    verified = max(len(p.tree) for p in ver.proposals[span])
-                    pruned = ver.early_top is not None
-                    seconds = time.perf_counter() - t_step
-                    g.drafter.observe(StepReport(batch, max(drafted[span]), verified, seconds, pruned, tuple(recall)))
+                    for event in self._accept_group(g, ver, drafted, trees is not None, t_fwd, recall):
+                        committed += len(event[1].token_ids)
+                        yield event
+                    if g.error is None:  # else its sampling failed: it has left
+                        reports.append((g, recall))
+            seconds, pruned = time.perf_counter() - t_step, ver.early_top is not None
+            whole = dict(width=pass_width, drafting=self.drafting, committed=committed)  # the pass's, every group's
+            for g, recall in reports:  # after every commit
+                span = slice(g.first, g.first + len(g.rows))
+                verified = max(len(p.tree) for p in ver.proposals[span])
+                report = StepReport(batch, max(drafted[span]), verified, seconds, pruned, tuple(recall), **whole)
+                g.drafter.observe(report)
         self._leave()
 
     def _propose(self) -> list[Proposal]:
         """Every group's trees, a root alone for a row still being prefilled or whose drafter failed."""
         proposals: list[Proposal] = []
+        t_all = time.perf_counter()
         for g in self.groups:
             if not g.ready:  # a placeholder row: its logits are not read, its K/V not kept
                 proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
@@ -216,6 +224,7 @@ class Scheduler:
                 proposals += [Proposal.root_only(r.tokens[-1]) for r in g.rows]
             if self.budget is not None and max(len(p.tree) for p in proposals[g.first :]) > 1:
                 self.budget.observe_draft(g.gen.method, time.perf_counter() - t_draft)
+        self.drafting = time.perf_counter() - t_all
         return proposals
 
     def _accept_group(

@@ -125,7 +125,10 @@ class Split:
 @dataclass(frozen=True)
 class StepReport:
     """What a drafter may learn from one step of its group (``Drafter.observe``), after every
-    row's commit."""
+    group's commit. A server's pass carries other groups' rows: ``width``, ``drafting`` and
+    ``committed`` are the whole pass's, so a group prices a pass by what it was, not by its own
+    rows (a group verifying its root alone beside another's 6-node trees saw a 1-wide pass take
+    a 6-wide pass's time plus the other's drafting)."""
 
     batch: int  # rows in the pass
     drafted: int  # the widest tree the group proposed (root included)
@@ -133,6 +136,9 @@ class StepReport:
     seconds: float  # the step's wall time, proposals included
     pruned: bool  # whether the pass was split (``Split``)
     recall: tuple[bool, ...] = ()  # split passes: per row, was the target's next token in the early top-k
+    width: int = 1  # the pass's widest tree (every group's): each of its ``batch`` rows is padded to it
+    drafting: float = 0.0  # seconds every group spent proposing this step
+    committed: int = 0  # tokens every row of the pass committed this step
 
 
 @dataclass(frozen=True)

@@ -336,3 +336,22 @@ def test_a_drafters_cost_is_learned_per_group_size():
     assert choose(stats, row, [Option("eagle", 8)], 1, rows=1).drafter == "ar"
     assert choose(stats, row, [Option("eagle", 8)], 4, rows=4).drafter == "eagle"
     assert stats.draft_cost("eagle", 4) == 0.0 and stats.draft_cost("eagle", 1) == 0.05
+
+
+def test_a_row_beside_other_requests_drafts_only_at_the_rate_of_their_pass():
+    """A server request is its own group: its drafting runs before the shared pass and holds up
+    every row, so a drafter that beats `ar` for the row alone but commits fewer tokens per second
+    than the pass does (``AutoStats.rate``) is not run; nothing changes without other groups."""
+    gentle = PassCost("gentle", (1, 64), (0.01, 0.01 + 63 * 0.0002))
+    stats = AutoStats(gentle)
+    learned(stats, "eagle", 0, 0.5)
+    stats.draft_s["eagle", 1] = 0.0005
+    row, options = RowStats(stats.accept), [Option("eagle", 8)]
+    beside = choose(stats, row, options, 4, rows=1)  # 4 rows in the pass, 1 of them this group's
+    assert beside.drafter == "eagle"  # no rate measured yet: the row's own tokens per second
+    stats.observe_rate(20, 0.02)  # the pass commits 1000 tokens/s
+    assert stats.rate == 1000 and beside.value < 1000
+    assert choose(stats, row, options, 4, rows=1).drafter == "ar"
+    assert choose(stats, row, options, 4, rows=4).drafter == "eagle"  # the pass is this group's alone
+    stats.rate = beside.value / 2  # a slower pass: the row's best is above its rate
+    assert choose(stats, row, options, 4, rows=1) == beside

@@ -119,3 +119,26 @@ def test_auto_beside_rows_that_drafted_nothing_keeps_every_rows_tokens(engine):
         drafted += sum(e.drafted > 0 for g, e in sched.step() if g is groups[LOOKUP])
     assert {p: g.rows[0].new_ids for p, g in groups.items()} == alone
     assert drafted and all(g.error is None for g in groups.values())
+
+
+def test_every_group_learns_what_the_whole_pass_cost_and_committed(engine, monkeypatch):
+    """A server's pass carries other groups' rows: a group verifying its root alone beside a
+    prompt-lookup chain sees the pass as wide as that chain, every group's drafting time, and
+    every row's committed tokens, so it never prices a 1-wide pass at a wide pass's time."""
+    sched = Scheduler(engine, 2, 512, budget=None)
+    plain = _group(engine, sched, "def f(x):")
+    lookup = _group(engine, sched, LOOKUP, "pld")
+    reports = {plain: [], lookup: []}
+    for g in reports:
+        monkeypatch.setattr(g.drafter, "observe", reports[g].append)
+    committed = []
+    for _ in range(4):
+        committed.append(sum(len(event.token_ids) for _, event in sched.step()))
+    for mine, other in ((reports[plain], reports[lookup]), (reports[lookup], reports[plain])):
+        assert [r.committed for r in mine] == committed
+        assert [r.width for r in mine] == [r.width for r in other] and [r.drafting for r in mine] == [
+            r.drafting for r in other
+        ]
+    assert all(r.verified == 1 for r in reports[plain])  # its own tree: the root
+    assert max(r.width for r in reports[plain]) > 1  # the pass: as wide as the chain beside it
+    assert all(r.width >= r.verified for g in reports for r in reports[g])

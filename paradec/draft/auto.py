@@ -87,7 +87,6 @@ class AutoDrafter(DrafterHooks):
         self.choices: list[Choice] = []  # per row: this step's choice
         self.trees: list[Proposal] = []  # per row: what it verified
         self.batch = 1  # rows in the last pass (the scheduler's, not only this group's)
-        self.draft_s = 0.0  # this step's drafting time
 
     @property
     def max_nodes(self) -> int:
@@ -157,7 +156,6 @@ class AutoDrafter(DrafterHooks):
                 rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
                 prop.gains = list(accumulate(rates, initial=1.0))
             self.trees.append(prop)
-        self.draft_s = time.perf_counter() - t0
         return self.trees
 
     def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None:
@@ -184,7 +182,10 @@ class AutoDrafter(DrafterHooks):
 
     def observe(self, step: StepReport) -> None:
         self.batch = step.batch
-        self.stats.observe_pass(step.batch * step.verified, max(step.seconds - self.draft_s, 1e-6))
+        # the pass as it was (every row padded to its widest tree), without anyone's drafting
+        self.stats.observe_pass(step.batch * step.width, max(step.seconds - step.drafting, 1e-6))
+        if step.batch > len(self.rows):  # other groups' rows shared the pass: its rate prices drafting
+            self.stats.observe_rate(step.committed, step.seconds)
 
     def _features(self, sequences: list[list[int]]) -> torch.Tensor | None:
         """[rows, longest sequence - 1, hidden]: the target's feature before each token but the

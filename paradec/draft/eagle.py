@@ -334,7 +334,7 @@ class EagleDrafter(DrafterHooks):
 
     def observe(self, step: StepReport) -> None:
         if self.cost is not None:
-            self.cost.latency.observe(step.batch * step.verified, step.seconds)
+            self.cost.latency.observe(step.batch * step.width, step.seconds)  # the pass as wide as it was
 
 
 def _settled(nodes: list[tuple], grow: list[int], m: int) -> bool:
