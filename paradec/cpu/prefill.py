@@ -59,7 +59,7 @@ def prefill_path(model: nn.Module, quant: str, profile_path: Path | None) -> str
         verdict = measure(shapes, quant, dtype)
         if path is not None and watch.share() <= BUSY_CORES:  # not kept when measured beside other work
             _write_json(path, {"key": key, **verdict})
-    fits = [k for k in verdict["usable"] if params * BYTES[k] <= MEMORY_SHARE * _memory_bytes()]
+    fits = [k for k in verdict["usable"] if params * BYTES[k] <= MEMORY_SHARE * _memory_bytes() and _builds(k)]
     return fits[0] if fits else None
 
 
@@ -100,6 +100,18 @@ def measure(
                 seconds[k] = min(seconds[k], time.perf_counter() - t)
     usable = [k for k in sorted(kinds, key=seconds.get) if k != "kernel" and seconds[k] * MARGIN <= seconds["kernel"]]
     return {"seconds": seconds, "usable": usable}
+
+
+def _builds(kind: str) -> bool:
+    """Whether this process can build ``kind``'s layers (a verdict cached under another ISA cap,
+    or by another torch build, may name packed bf16 where oneDNN cannot pack it now)."""
+    from paradec.models.quant import dense_linear
+
+    try:
+        dense_linear(torch.zeros(16, 32), None, kind)
+    except RuntimeError:
+        return False
+    return True
 
 
 def describe(quant: str, profile_path: Path | None) -> str | None:
