@@ -142,3 +142,30 @@ def test_every_group_learns_what_the_whole_pass_cost_and_committed(engine, monke
     assert all(r.verified == 1 for r in reports[plain])  # its own tree: the root
     assert max(r.width for r in reports[plain]) > 1  # the pass: as wide as the chain beside it
     assert all(r.width >= r.verified for g in reports for r in reports[g])
+
+
+def test_the_demo_times_its_methods_in_lockstep(engine, monkeypatch):
+    """``paradec demo`` steps every method's scheduler in turn, so the machine's drift falls on all
+    of them alike: each gets the tokens ``generate`` gives it, and no method runs two steps while
+    another still has one to run."""
+    from paradec.demo import lockstep
+
+    order = []
+    step = Scheduler.step
+
+    def spy(self):
+        order.append(id(self))
+        return step(self)
+
+    monkeypatch.setattr(Scheduler, "step", spy)
+    methods = {"ar": {}, "pld": {"method": "pld"}}
+    out = lockstep(engine, LOOKUP, methods, 12)
+    monkeypatch.setattr(Scheduler, "step", step)
+    for name, options in methods.items():
+        want = engine.generate(LOOKUP, max_new_tokens=12, **options)
+        assert out[name].token_ids == want.token_ids and out[name].stats.wall_s > 0
+    assert out["pld"].stats.steps < out["ar"].stats.steps == 12  # the lookup text: pld drafts
+    lanes = len(set(order))
+    assert lanes == 2
+    pairs = order[: 2 * out["pld"].stats.steps]  # while both run, each turn steps each once
+    assert all(len(set(pairs[i : i + 2])) == 2 for i in range(0, len(pairs), 2))
