@@ -10,50 +10,29 @@ Writes OUT/results.json and OUT/results.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import time
-from pathlib import Path
+
+from ab import ab_args, default_model, interleaved, prompts_of
 
 import paradec
-from paradec.bench.prompts import load_prompts
 from paradec.bench.report import machine, markdown_table
-from paradec.zoo import default_gguf, zoo_drafts, zoo_eagle, zoo_heads
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
-    ap.add_argument("--per-category", type=int, default=1)
-    ap.add_argument("--methods", default="pld,auto,eagle")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    model = default_gguf()
-    given = {"eagle": zoo_eagle(model), "heads": zoo_heads(model), "drafts": zoo_drafts(model)}
+    args = ab_args("pld,auto,eagle", per_category=1)
+    model, given = default_model()
     whole = paradec.load(model, backend="torch", **given)
     layer = paradec.load(model, backend="torch", cost=whole.format.profile.costs[whole.format.name], **given)
     engines = {"whole": whole, "one-layer": layer}
     runs = [("ar", "whole")] + [(m, e) for m in args.methods.split(",") for e in engines]
-    by_cat: dict[str, list] = {}
-    for p in load_prompts(args.prompts):
-        by_cat.setdefault(p.category, []).append(p)
-    prompts = [p for ps in by_cat.values() for p in ps[: args.per_category]]
-    for m, e in runs:  # warm-up
-        engines[e].generate(prompts[0].turns[0], max_new_tokens=8, method=m, ignore_eos=True)
+    prompts = prompts_of(args)
     ratios: dict[tuple, list[float]] = {r: [] for r in runs}
     same = dict.fromkeys(runs, 0)
-    for i, p in enumerate(prompts):
-        conv = [{"role": "user", "content": p.turns[0]}]
-        out = {}
-        for m, e in runs[i % len(runs) :] + runs[: i % len(runs)]:
-            t = time.perf_counter()
-            g = engines[e].generate(conv, max_new_tokens=args.max_new_tokens, method=m, ignore_eos=True)
-            out[m, e] = (args.max_new_tokens / (time.perf_counter() - t), g.token_ids)
-        for r, (tps, ids) in out.items():
+    for out in interleaved(engines, runs, prompts, args.max_new_tokens):
+        for r, (tps, g) in out.items():
             ratios[r].append(tps / out["ar", "whole"][0])
-            same[r] += ids == out["ar", "whole"][1]
+            same[r] += g.token_ids == out["ar", "whole"][1].token_ids
     rows = []
     for m in args.methods.split(","):
         new, old = ratios[m, "whole"], ratios[m, "one-layer"]

@@ -13,29 +13,19 @@ prefills round differently, so a near-tied prompt may start another answer ("sam
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import time
-from pathlib import Path
+
+from ab import ab_args, default_model, interleaved, prompts_of
 
 import paradec
 import paradec.engine as engine_mod
-from paradec.bench.prompts import load_prompts
 from paradec.bench.report import machine, markdown_table
-from paradec.zoo import default_gguf, zoo_drafts, zoo_eagle, zoo_heads
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
-    ap.add_argument("--per-category", type=int, default=2)
-    ap.add_argument("--methods", default="ar,pld,auto")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    model = default_gguf()
-    given = {"eagle": zoo_eagle(model), "heads": zoo_heads(model), "drafts": zoo_drafts(model)}
+    args = ab_args("ar,pld,auto", per_category=2)
+    model, given = default_model()
     dense = paradec.load(model, backend="torch", **given)
     chosen = engine_mod.prefill_path
     engine_mod.prefill_path = lambda *a: None  # the second engine: prompts through the kernels
@@ -46,19 +36,11 @@ def main() -> None:
     engines = {"dense": dense, "kernel": kernel}
     methods = args.methods.split(",")
     runs = [(m, e) for m in methods for e in engines]
-    by_cat: dict[str, list] = {}
-    for p in load_prompts(args.prompts):
-        by_cat.setdefault(p.category, []).append(p)
-    prompts = [p for ps in by_cat.values() for p in ps[: args.per_category]]
-    for m, e in runs:  # warm-up
-        engines[e].generate(prompts[0].turns[0], max_new_tokens=8, method=m, ignore_eos=True)
+    prompts = prompts_of(args)
     got: dict[tuple, list] = {r: [] for r in runs}  # (tokens/s, prefill s, token ids) per prompt
-    for i, p in enumerate(prompts):
-        conv = [{"role": "user", "content": p.turns[0]}]
-        for m, e in runs[i % len(runs) :] + runs[: i % len(runs)]:
-            t = time.perf_counter()
-            g = engines[e].generate(conv, max_new_tokens=args.max_new_tokens, method=m, ignore_eos=True)
-            got[m, e].append((args.max_new_tokens / (time.perf_counter() - t), g.stats.prefill_s, g.token_ids))
+    for out in interleaved(engines, runs, prompts, args.max_new_tokens):
+        for r, (tps, g) in out.items():
+            got[r].append((tps, g.stats.prefill_s, g.token_ids))
     lengths = [len(dense.encode([{"role": "user", "content": p.turns[0]}], chat=True)) for p in prompts]
     rows = []
     for m in methods:
