@@ -5,11 +5,13 @@ order rotating prompt by prompt, so the machine's drift falls on every pair alik
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from paradec.bench.prompts import Prompt, load_prompts
+from paradec.bench.report import machine, markdown_table
 from paradec.zoo import default_gguf, zoo_drafts, zoo_eagle, zoo_heads
 
 
@@ -48,3 +50,14 @@ def interleaved(
 
 def prompts_of(args: argparse.Namespace) -> list[Prompt]:
     return load_prompts(args.prompts, per_category=args.per_category)
+
+
+def write_results(out: Path, head: str, result: dict, rows: list[dict]) -> None:
+    """OUT/results.json (``result``, the machine and ``rows``) and OUT/results.md (``head`` and
+    the rows' table), and the same table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"machine": machine(), **result, "rows": rows}, indent=1))
+    table = markdown_table(rows, list(rows[0]))
+    (out / "results.md").write_text(f"{head}\n\n{table}\n")
+    print(head)
+    print(table)

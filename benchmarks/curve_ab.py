@@ -10,13 +10,11 @@ Writes OUT/results.json and OUT/results.md.
 
 from __future__ import annotations
 
-import json
 import statistics
 
-from ab import ab_args, default_model, interleaved, prompts_of
+from ab import ab_args, default_model, interleaved, prompts_of, write_results
 
 import paradec
-from paradec.bench.report import machine, markdown_table
 
 
 def main() -> None:
@@ -47,19 +45,8 @@ def main() -> None:
             }
         )
     curves = {name: [round(e.cost.relative(w), 2) for w in (2, 4, 8, 16)] for name, e in engines.items()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = {
-        "machine": machine(),
-        "format": whole.format.name,
-        "prompts": len(prompts),
-        "curves": curves,
-        "rows": rows,
-    }
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
     head = f"{len(prompts)} prompts; format {whole.format.name}; 2/4/8/16 tokens in `ar` steps: {curves}"
-    (args.out / "results.md").write_text(f"{head}\n\n{markdown_table(rows, list(rows[0]))}\n")
-    print(head)
-    print(markdown_table(rows, list(rows[0])))
+    write_results(args.out, head, {"format": whole.format.name, "prompts": len(prompts), "curves": curves}, rows)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,12 @@ prefills round differently, so a near-tied prompt may start another answer ("sam
 
 from __future__ import annotations
 
-import json
 import statistics
 
-from ab import ab_args, default_model, interleaved, prompts_of
+from ab import ab_args, default_model, interleaved, prompts_of, write_results
 
 import paradec
 import paradec.engine as engine_mod
-from paradec.bench.report import machine, markdown_table
 
 
 def main() -> None:
@@ -61,17 +59,12 @@ def main() -> None:
         for row, m in zip(rows, methods):
             if ar is not None:
                 row[f"identical to ar ({e})"] = f"{sum(x[2] == y for x, y in zip(got[m, e], ar))}/{len(prompts)}"
-    args.out.mkdir(parents=True, exist_ok=True)
     head = (
         f"{len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens (median {statistics.median(lengths):g}); "
         f"format {dense.format.name}; dense prompt path: {dense.model.prefill_path}"
     )
-    result = {"machine": machine(), "format": dense.format.name, "prefill": dense.model.prefill_path}
-    result |= {"prompts": len(prompts), "prompt_tokens": lengths, "rows": rows}
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    (args.out / "results.md").write_text(f"{head}\n\n{markdown_table(rows, list(rows[0]))}\n")
-    print(head)
-    print(markdown_table(rows, list(rows[0])))
+    result = {"format": dense.format.name, "prefill": dense.model.prefill_path}
+    write_results(args.out, head, result | {"prompts": len(prompts), "prompt_tokens": lengths}, rows)
 
 
 if __name__ == "__main__":
