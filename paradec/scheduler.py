@@ -200,7 +200,7 @@ class Scheduler:
                     if g.error is None:  # else its sampling failed: it has left
                         reports.append((g, recall))
             seconds, pruned = time.perf_counter() - t_step, ver.early_top is not None
-            whole = dict(width=pass_width, drafting=self.drafting, committed=committed)  # the pass's, every group's
+            whole = dict(width=pass_width, drafting=self.drafting, committed=committed, pass_s=t_fwd)  # every group's
             for g, recall in reports:  # after every commit
                 span = slice(g.first, g.first + len(g.rows))
                 verified = max(len(p.tree) for p in ver.proposals[span])

@@ -182,8 +182,10 @@ class AutoDrafter(DrafterHooks):
 
     def observe(self, step: StepReport) -> None:
         self.batch = step.batch
-        # the pass as it was (every row padded to its widest tree), without anyone's drafting
-        self.stats.observe_pass(step.batch * step.width, max(step.seconds - step.drafting, 1e-6))
+        # the pass as it was (every row padded to its widest tree); accepting and committing
+        # (per row, whatever was drafted) apart, so they do not price one width up
+        self.stats.observe_pass(step.batch * step.width, max(step.pass_s, 1e-6))
+        self.stats.observe_overhead(max(step.seconds - step.drafting - step.pass_s, 0.0) / step.batch)
         if step.batch > len(self.rows):  # other groups' rows shared the pass: its rate prices drafting
             self.stats.observe_rate(step.committed, step.seconds)
 

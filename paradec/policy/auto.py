@@ -88,6 +88,7 @@ class AutoStats:
     chosen: dict[str, int] = field(default_factory=dict)  # ... and chosen on value
     retired: dict[str, int] = field(default_factory=dict)  # model drafter -> the row-step it is offered again
     rate: float = 0.0  # tokens per second of a pass shared with other groups' rows (recent average; 0: none yet)
+    overhead: float = 0.0  # seconds a row's step costs besides the pass and drafting: accepting, committing
 
     def __post_init__(self) -> None:
         self.latency = CurveLatency(self.curve) if self.curve is not None else LatencyModel()
@@ -104,6 +105,11 @@ class AutoStats:
         if not self.frozen:
             self.latency.observe(positions, seconds)
             self._pass_s.clear()
+
+    def observe_overhead(self, seconds: float, decay: float = 0.9) -> None:
+        """A row's share of a step's time outside the pass and the drafting (recent average)."""
+        if not self.frozen:
+            self.overhead = self.overhead * decay + seconds * (1 - decay) if self.overhead else seconds
 
     def observe_rate(self, tokens: int, seconds: float, decay: float = 0.8) -> None:
         """A step of a pass shared with other groups committed ``tokens`` (all its rows') in ``seconds``."""
@@ -216,10 +222,10 @@ def _rank(
     its drafting runs before the pass and holds up every row, so it pays only at the pass's rate
     (at 4 clients, EAGLE at 1.8 tokens for a 6 ms head beside `pld` rows committing 167 tokens/s
     was worth more than `ar` to the row and less to the pass)."""
-    plain = Choice("ar", 1, 0, 1.0 / (stats.pass_s(batch) / batch))
+    plain = Choice("ar", 1, 0, 1.0 / (stats.pass_s(batch) / batch + stats.overhead))
     best, runner_up, every = plain, None, [plain]
     for opt in options:
-        cost = stats.draft_cost(opt.drafter, rows)
+        cost = stats.draft_cost(opt.drafter, rows) + stats.overhead
         key = (opt.drafter, opt.context)
         gained = 0.0
         for w, rate in enumerate(row.rates(key, opt.size), 2):
@@ -242,5 +248,5 @@ def _group_value(stats: AutoStats, choices: list[Choice], batch: int) -> float:
     n = len(choices)
     drafters = {c.drafter for c in choices} - FREE - {"ar"}
     drafting = n * sum(stats.draft_cost(d, n) for d in drafters)
-    seconds = stats.pass_s(batch * max(c.width for c in choices)) * n / batch + drafting
+    seconds = stats.pass_s(batch * max(c.width for c in choices)) * n / batch + drafting + n * stats.overhead
     return sum(c.expected for c in choices) / seconds
