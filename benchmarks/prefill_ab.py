@@ -18,19 +18,13 @@ import statistics
 from ab import ab_args, default_model, interleaved, prompts_of, write_results
 
 import paradec
-import paradec.engine as engine_mod
 
 
 def main() -> None:
     args = ab_args("ar,pld,auto", per_category=2)
     model, given = default_model()
     dense = paradec.load(model, backend="torch", **given)
-    chosen = engine_mod.prefill_path
-    engine_mod.prefill_path = lambda *a: None  # the second engine: prompts through the kernels
-    try:
-        kernel = paradec.load(model, backend="torch", **given)
-    finally:
-        engine_mod.prefill_path = chosen
+    kernel = paradec.load(model, backend="torch", prefill="kernel", **given)  # prompts through the kernels
     engines = {"dense": dense, "kernel": kernel}
     methods = args.methods.split(",")
     runs = [(m, e) for m in methods for e in engines]

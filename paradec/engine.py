@@ -22,7 +22,7 @@ import torch
 from paradec import companions, methods
 from paradec.config import GenerationConfig, ModelConfig
 from paradec.cpu import DTYPES, FormatChoice, ParadecWarning, PassCost, choose_format  # noqa: F401 (DTYPES: re-exported)
-from paradec.cpu.prefill import prefill_path
+from paradec.cpu.prefill import PREFILLS, prefill_path
 from paradec.cpu.whole import cached_curve, whole_curve, whole_key
 from paradec.draft import Drafter, NgramDrafter, TreeDrafter
 from paradec.draft.ngram import PLD_DRAFT
@@ -226,6 +226,7 @@ def load(
     threads: int | None = None,
     warmup: bool = True,
     pack: bool = True,
+    prefill: str = "auto",
     batch: int = 1,
     batch_budget: bool = True,
     cost: PassCost | None = None,
@@ -244,7 +245,9 @@ def load(
     against the model in the format it runs in. ``exact``: shape-invariant decode numerics, so
     greedy speculation equals `ar` in bf16 too (``Transformer.set_exact``). ``pack``: bf16 linears packed
     for oneDNN where their rows stay invariant (``models.quant.pack_linears``; inference only:
-    training, which runs autograd through the frozen target, passes False). ``batch``: the rows
+    training, which runs autograd through the frozen target, passes False). ``prefill``: the weights a
+    quantized model's prompt passes take: "auto" (dense copies where they measure faster,
+    ``cpu.prefill``), "kernel" (the quantized kernels), "bf16" or "fp32". ``batch``: the rows
     the engine is built for; "auto" takes the format with the cheapest `ar` step of that many rows
     (a server passes its --max-batch). ``cost``: the pass-cost curve policies start from (default:
     the loaded model's, measured once, ``cpu.whole``; ``PassCost.flat()``: every width the same, as
@@ -257,7 +260,7 @@ def load(
 
     Example: ``paradec.load("zoo/target").generate("import os", max_new_tokens=16)``.
     """
-    _check_load_args(threads, dtype, device, quant, quant_head)
+    _check_load_args(threads, dtype, device, quant, quant_head, prefill)
     if threads is not None:
         torch.set_num_threads(threads)
     given = _companions_given(companions_given)
@@ -278,14 +281,14 @@ def load(
     if wanted and _llamacpp_runs(source, asked, threads):  # llama.cpp where it may run and measures faster
         lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
         if asked == "auto" and measured and whole is None:  # whole passes against whole passes
-            engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack)
+            engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack, prefill)
             whole = whole_curve(engine.model, key, choice.profile_path)
         compared = choice if whole is None else replace(choice, cost=whole)
         lc_choice = _llamacpp_choice(lc, compared, asked, AUTO_MARGIN if optional else 1.0)
         if lc_choice is not None:
             engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
             return _finish_load(engine, lc_choice, cost, batch_budget, warmup)
-    engine = engine or _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack)
+    engine = engine or _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack, prefill)
     if measured:
         choice = replace(choice, cost=whole or whole_curve(engine.model, key, choice.profile_path))
     return _finish_load(engine, choice, cost, batch_budget, warmup)
@@ -306,12 +309,12 @@ def _companions_given(given: dict[str, Any]) -> dict[str, Any]:
 
 
 def _engine_on_torch(
-    model_dir: Path, choice: FormatChoice, device, exact, quant_head, given: dict, pack: bool = True
+    model_dir: Path, choice: FormatChoice, device, exact, quant_head, given: dict, pack: bool = True, prefill="auto"
 ) -> Engine:
     """The target in the chosen format on paradec's runtime, with the companions asked for."""
     model = load_model(model_dir, choice.dtype, device)
     model.set_exact(exact)
-    model.prefill_path = prefill_path(model, choice.quant, choice.profile_path) if pack else None  # inference only
+    model.prefill_path = prefill_path(model, choice.quant, choice.profile_path, prefill) if pack else None
     quantize_linears(model, choice.quant, quant_head, model.prefill_path)
     if pack:
         pack_linears(model)  # the bf16 linears left, where oneDNN packs them row-invariantly
@@ -340,9 +343,11 @@ def _torch_only(
     return out + ([f"method {', '.join(elsewhere)}"] if elsewhere else [])
 
 
-def _check_load_args(threads: int | None, dtype, device: str, quant: str, quant_head: str | None) -> None:
+def _check_load_args(threads: int | None, dtype, device: str, quant: str, quant_head: str | None, prefill: str) -> None:
     if threads is not None and threads < 1:
         raise ParadecError(f"threads must be >= 1, got {threads}")
+    if prefill not in PREFILLS:
+        raise ParadecError(f"unknown prefill {prefill!r}; use {', '.join(PREFILLS)}")
     if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
         raise ParadecError(f"unknown dtype {dtype!r}; use auto, bf16 or fp32")
     if device.startswith("cuda") and not torch.cuda.is_available():

@@ -11,8 +11,8 @@ from conftest import PROMPTS
 from torch import nn
 
 import paradec
-import paradec.engine as engine_mod
 from paradec.cpu import prefill as prefill_mod
+from paradec.errors import ParadecError
 from paradec.models import quant as quant_mod
 from paradec.models.quant import DenseLinear, Int4Linear, Int8Linear
 
@@ -36,15 +36,19 @@ def test_the_dense_path_holds_the_weights_the_kernel_multiplies_by(kind):
 
 
 @pytest.fixture(scope="module")
-def dense_engine(llama_dir, drafters, tmp_path_factory):
+def dense_engine(llama_dir, drafters):
     """An int4 engine whose prompts take fp32 dense weights (every CPU has that path)."""
     draft, heads = drafters
-    patch = pytest.MonkeyPatch()
-    patch.setattr(engine_mod, "prefill_path", lambda model, quant, path: "fp32")
-    try:
-        yield paradec.load(llama_dir, dtype="bf16", quant="int4", drafts=[draft], heads=heads)
-    finally:
-        patch.undo()
+    return paradec.load(llama_dir, dtype="bf16", quant="int4", prefill="fp32", drafts=[draft], heads=heads)
+
+
+def test_the_prompt_path_can_be_named(llama_dir):
+    kernel = paradec.load(llama_dir, dtype="bf16", quant="int4", prefill="kernel", warmup=False).model
+    assert kernel.prefill_path is None and kernel.layers[0].mlp.w_down.prefill_linear is None
+    with pytest.raises(ParadecError, match="unknown prefill 'dense'; use auto, kernel, bf16, fp32"):
+        paradec.load(llama_dir, quant="int4", prefill="dense")
+    with pytest.raises(ParadecError, match="prefill=bf16 cannot run here"):  # fp32 activations
+        paradec.load(llama_dir, dtype="fp32", quant="int4", prefill="bf16", warmup=False)
 
 
 def test_prompts_take_the_dense_path_and_decode_steps_the_kernel(dense_engine, monkeypatch):

@@ -34,19 +34,28 @@ import torch
 from torch import nn
 
 from paradec.cpu import BUSY_CORES, OthersWatch, _write_json
+from paradec.errors import ParadecError
 
 ROWS = 128  # prompt rows a candidate is timed at
 MARGIN = 1.5  # a dense path is taken only this many times faster than the quantized kernel
 MEMORY_SHARE = 0.25  # ... and only if its weights take at most this share of the machine's memory
 PREFILL_VERSION = 1  # part of the cache key: bump when what is measured changes
 BYTES = {"bf16": 2, "fp32": 4}
+PREFILLS = ("auto", "kernel", "bf16", "fp32")  # what ``load(prefill=...)`` takes
 
 
-def prefill_path(model: nn.Module, quant: str, profile_path: Path | None) -> str | None:
+def prefill_path(model: nn.Module, quant: str, profile_path: Path | None, asked: str = "auto") -> str | None:
     """The prompt path, "bf16", "fp32" or None (the quantized kernels), for ``model``'s decoder
     linears once quantized to ``quant`` (read from beside ``profile_path`` when cached there)."""
-    if quant == "none" or next(model.parameters()).device.type != "cpu":
+    if quant == "none" or asked == "kernel" or next(model.parameters()).device.type != "cpu":
         return None
+    if asked != "auto":  # named: taken as it is, if this CPU can build it
+        if not _builds(asked) or (asked == "bf16" and model.embed.weight.dtype != torch.bfloat16):
+            raise ParadecError(
+                f"prefill={asked} cannot run here (bf16 copies need bf16 activations and a CPU "
+                "whose oneDNN packs bf16: AVX-512 BF16 or AMX); use prefill=fp32, kernel or auto"
+            )
+        return asked
     decoder = [m for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
     shapes = sorted({(m.in_features, m.out_features, m.bias is not None) for m in decoder})
     params = sum(m.weight.numel() for m in decoder)
