@@ -139,9 +139,7 @@ class StepReport:
     width: int = 1  # the pass's widest tree (every group's): each of its ``batch`` rows is padded to it
     drafting: float = 0.0  # seconds every group spent proposing this step
     committed: int = 0  # tokens every row of the pass committed this step
-    pass_s: float = (
-        0.0  # seconds of the target pass alone (the rest of ``seconds``: drafting, then accepting and committing)
-    )
+    pass_s: float = 0.0  # seconds of the target pass alone (the rest: drafting, accepting, committing)
 
 
 @dataclass(frozen=True)

@@ -220,8 +220,8 @@ def _rank(
     bookkeeping. Where other groups' rows share the pass (a server's requests), a row whose best
     rate is below the pass's (``AutoStats.rate``) takes the option that costs the pass least:
     its drafting runs before the pass and holds up every row, so it pays only at the pass's rate
-    (at 4 clients, EAGLE at 1.8 tokens for a 6 ms head beside `pld` rows committing 167 tokens/s
-    was worth more than `ar` to the row and less to the pass)."""
+    (e.g. 0.8 more tokens for a 6 ms head beside rows whose pass commits 170 tokens a second: more
+    than `ar` is worth to the row, less than those 6 ms are worth to the pass)."""
     plain = Choice("ar", 1, 0, 1.0 / (stats.pass_s(batch) / batch + stats.overhead))
     best, runner_up, every = plain, None, [plain]
     for opt in options:
