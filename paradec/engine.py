@@ -11,7 +11,6 @@ proposes trees and the acceptance rule (``paradec.verify``).
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -28,10 +27,11 @@ from paradec.draft import Drafter, NgramDrafter, TreeDrafter
 from paradec.draft.ngram import PLD_DRAFT
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
-from paradec.models.gguf import is_gguf, paradec_home, resolve_model
-from paradec.models.llamacpp import BACKENDS, LlamaCppModel, crashes, llamacpp_cost
+from paradec.models.gguf import is_gguf, resolve_model
+from paradec.models.llamacpp import BACKENDS, LlamaCppModel
 from paradec.models.llamacpp import available as llamacpp_available
 from paradec.models.quant import QUANTS, pack_linears, quantize_linears
+from paradec.models.runtime import AUTO_MARGIN, check_llamacpp, llamacpp_choice, llamacpp_runs
 from paradec.policy import TreePolicy
 from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
@@ -270,7 +270,7 @@ def load(
     optional = methods.only_uses_drafters(methods_used)  # auto's: not loaded if llama.cpp runs the model
     torch_only = _torch_only(given, dtype, quant, quant_head, device, exact, methods_used, optional)
     if asked == "llamacpp":
-        _check_llamacpp(source, torch_only)
+        check_llamacpp(source, torch_only)
     model_dir = resolve_model(model_dir)  # a .gguf file -> its cached HF conversion
     choice = choose_format(model_dir, dtype, quant, device, exact, batch=batch)
     eligible = is_gguf(source) and not torch_only and methods_used is not None and llamacpp_available()
@@ -278,13 +278,13 @@ def load(
     measured = cost is None and choice.cost is not None and choice.cost.measured
     key = whole_key(choice.name, quant_head, pack, exact)
     engine, whole = None, cached_curve(key, choice.profile_path) if measured else None  # the model's own passes
-    if wanted and _llamacpp_runs(source, asked, threads):  # llama.cpp where it may run and measures faster
+    if wanted and llamacpp_runs(source, asked, threads):  # llama.cpp where it may run and measures faster
         lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
         if asked == "auto" and measured and whole is None:  # whole passes against whole passes
             engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack, prefill)
             whole = whole_curve(engine.model, key, choice.profile_path)
         compared = choice if whole is None else replace(choice, cost=whole)
-        lc_choice = _llamacpp_choice(lc, compared, asked, AUTO_MARGIN if optional else 1.0)
+        lc_choice = llamacpp_choice(lc, compared, asked, AUTO_MARGIN if optional else 1.0)
         if lc_choice is not None:
             engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
             return _finish_load(engine, lc_choice, cost, batch_budget, warmup)
@@ -292,11 +292,6 @@ def load(
     if measured:
         choice = replace(choice, cost=whole or whole_curve(engine.model, key, choice.profile_path))
     return _finish_load(engine, choice, cost, batch_budget, warmup)
-
-
-# `auto` runs on llama.cpp's kernels (as `ar`) when their `ar` step is this many times cheaper than
-# torch's: the most auto's drafters gained over `ar` in benchmarks/README.md is below it
-AUTO_MARGIN = 2.0
 
 
 def _companions_given(given: dict[str, Any]) -> dict[str, Any]:
@@ -360,42 +355,6 @@ def _check_load_args(threads: int | None, dtype, device: str, quant: str, quant_
         )
     if quant not in ("none", "auto") and not device.startswith("cpu"):
         raise ParadecError(f"quant={quant} uses torch's packed CPU kernels; use device=cpu or quant=none")
-
-
-def _llamacpp_runs(source: Path, asked: str, threads: int | None) -> bool:
-    """Whether llama.cpp's kernels run on this CPU without killing the process (``llamacpp.crashes``);
-    if not: backend=llamacpp is an error with the fix, auto a warning and torch."""
-    crash = crashes(source, threads or torch.get_num_threads(), paradec_home())
-    if crash is not None and asked == "llamacpp":
-        raise ParadecError(crash)
-    if crash is not None:
-        warnings.warn(ParadecWarning(f"{crash}; running on torch"), stacklevel=3)
-    return crash is None
-
-
-def _check_llamacpp(source: Path, torch_only: list[str]) -> None:
-    """backend=llamacpp asked for: a GGUF file, and nothing only torch runs."""
-    if not is_gguf(source):
-        raise ParadecError("the llamacpp backend runs a GGUF file; pass model=FILE.gguf, or backend=torch")
-    if torch_only:
-        raise ParadecError(
-            f"the llamacpp backend cannot take {', '.join(torch_only)} (llama.cpp runs the GGUF's own "
-            "format on the CPU, `ar` only, with no drafts or heads); drop them or use backend=torch"
-        )
-
-
-def _llamacpp_choice(lc: LlamaCppModel, choice: FormatChoice, asked: str, margin: float = 1.0) -> FormatChoice | None:
-    """llama.cpp's format record, its measured curve and why it runs; None: auto, and torch's
-    best format is faster on this CPU (``margin``: by more than this factor, its drafters' room)."""
-    lc_cost, lc_path, _ = llamacpp_cost(lc, paradec_home())
-    if asked == "auto" and not lc_cost.predict(1) * margin < choice.cost.predict(1):
-        return None
-    reason = "asked for (backend=llamacpp)"
-    if asked == "auto":
-        ms = lc_cost.predict(1) * 1e3, choice.cost.predict(1) * 1e3
-        than = f"{margin:g}x less than" if margin != 1.0 else "<"
-        reason = f"auto: llama.cpp's `ar` step {ms[0]:.0f} ms {than} torch {choice.name}'s {ms[1]:.0f} ms on this CPU"
-    return replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path)
 
 
 def _finish_load(engine: Engine, choice: FormatChoice, cost: PassCost | None, batch_budget: bool, warmup: bool):
