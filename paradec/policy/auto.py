@@ -221,25 +221,34 @@ def _rank(
     rate is below the pass's (``AutoStats.rate``) takes the option that costs the pass least:
     its drafting runs before the pass and holds up every row, so it pays only at the pass's rate
     (e.g. 0.8 more tokens for a 6 ms head beside rows whose pass commits 170 tokens a second: more
-    than `ar` is worth to the row, less than those 6 ms are worth to the pass)."""
-    plain = Choice("ar", 1, 0, 1.0 / (stats.pass_s(batch) / batch + stats.overhead))
+    than `ar` is worth to the row, less than those 6 ms are worth to the pass).
+
+    It runs for every row at every step, so it keeps to plain floats and tuples (value, expected
+    tokens, option, width) and builds a ``Choice`` only for what it returns."""
+    plain = (1.0 / (stats.pass_s(batch) / batch + stats.overhead), 1.0, None, 1)
     best, runner_up, every = plain, None, [plain]
     for opt in options:
         cost = stats.draft_cost(opt.drafter, rows) + stats.overhead
-        key = (opt.drafter, opt.context)
         gained = 0.0
-        for w, rate in enumerate(row.rates(key, opt.size), 2):
+        for w, rate in enumerate(row.rates((opt.drafter, opt.context), opt.size), 2):
             gained += rate
             value = (1.0 + gained) / (stats.pass_s(batch * w) / batch + cost)
-            every.append(Choice(opt.drafter, w, opt.context, value, expected=1.0 + gained))
-            if value > best.value * (1 + 1e-9):
+            every.append((value, 1.0 + gained, opt, w))
+            if value > best[0] * (1 + 1e-9):
                 best = every[-1]
-            if runner_up is None or value > runner_up.value:
+            if runner_up is None or value > runner_up[0]:
                 runner_up = every[-1]
     rate = stats.rate if batch > rows else 0.0
-    if rate > best.value:  # each option's tokens less what its seconds would commit at the pass's rate
-        best = max(every, key=lambda c: c.expected - rate * c.expected / c.value)
-    return best, runner_up
+    if rate > best[0]:  # each option's tokens less what its seconds would commit at the pass's rate
+        best = max(every, key=lambda c: c[1] - rate * c[1] / c[0])
+    return _choice(best), None if runner_up is None else _choice(runner_up)
+
+
+def _choice(ranked: tuple[float, float, Option | None, int]) -> Choice:
+    value, expected, opt, width = ranked
+    if opt is None:
+        return Choice("ar", 1, 0, value)
+    return Choice(opt.drafter, width, opt.context, value, expected=expected)
 
 
 def _group_value(stats: AutoStats, choices: list[Choice], batch: int) -> float:
