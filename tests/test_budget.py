@@ -138,7 +138,22 @@ def test_a_measured_curve_learns_the_cost_of_each_pass_size_it_sees():
             lat.observe(4, 0.015)
     assert measured.predict(4) / measured.predict(1) == pytest.approx(1.5, rel=0.1)
     assert given.predict(4) == given.predict(1)
-    assert measured.predict(16) / given.predict(16) == pytest.approx(1.0)  # unseen: the overall scale
+    assert measured.predict(16) / given.predict(16) == pytest.approx(1.0, rel=0.05)  # unseen: the overall scale
+
+
+def test_a_pass_size_seen_rarely_keeps_what_its_own_passes_cost():
+    """A size's factor on the scaled curve forgets with its own passes only: 4-token passes that
+    cost 1.5x one are still priced so after 200 one-token passes (before, each pass aged every
+    size's mean, and a size chosen rarely fell back to the curve's shape)."""
+    lat = CurveLatency(PassCost("m", (1, 4, 16), (0.010, 0.010, 0.040), measured=True))
+    for _ in range(20):
+        lat.observe(1, 0.010)
+        lat.observe(4, 0.015)
+    for _ in range(200):
+        lat.observe(1, 0.010)
+    assert lat.predict(1) == pytest.approx(0.010, rel=0.05)
+    assert lat.predict(4) / lat.predict(1) == pytest.approx(1.5, rel=0.15)  # shrunk a little to the curve
+    assert lat.seen(4) < 0.1 < lat.seen(1)  # ... though it was not seen lately
 
 
 def test_a_budget_that_drafts_takes_a_plain_pass_to_time_what_drafting_is_weighed_against():

@@ -151,41 +151,60 @@ class LatencyModel:
 class CurveLatency:
     """seconds ~= the curve measured at load, refit on exponentially weighted real passes: an
     overall scale (context length, other load on the machine), and, for a measured curve, each
-    pass size's own mean where it has been seen (``LOCAL_PRIOR`` observations of the scaled
-    curve weigh against it). A curve measured at load can be off at one size: the CPU's speed
-    drifts while it is measured, and a batch of rows attends over more keys than the one-row
-    curve does. On SmolLM2 int4 here, the curve said 1 to 4 tokens cost the same, and real
-    passes of ~4 cost 1.5x one."""
+    pass size's own factor on the scaled curve where it has been seen (the mean ratio of its
+    passes to the scaled curve, ``LOCAL_PRIOR`` observations of 1 weighing against it).
+
+    A curve measured at load can be off in its shape: the CPU's speed drifts while it is
+    measured, and a batch of rows attends over more keys than the one-row curve does. On
+    SmolLM2 int4 here, the curve said 1 to 4 tokens cost the same, and real passes of ~4 cost
+    1.5x one. A size's factor forgets with that size's own passes only (``SHAPE_DECAY``): a size
+    chosen on one step in ten kept a third of the curve's error when every pass aged it, and
+    `auto` priced prompt lookup's 2- to 5-token passes 5-10 % below what they took, so it
+    verified nodes that did not pay."""
 
     LOCAL_PRIOR = 2.0
+    SHAPE_DECAY = 0.95
 
     def __init__(self, curve: PassCost, decay: float = 0.97) -> None:
         self.curve, self.decay = curve, decay
         self.seconds = self.predicted = 0.0
-        self.local: dict[int, list[float]] = {}  # positions -> [seconds, passes], weighted sums
+        self.recent: dict[int, float] = {}  # positions -> passes seen lately (weighted with ``decay``)
+        self.shape: dict[int, list[float]] = {}  # positions -> [sum of seconds / scaled curve, passes]
+        self._curve: dict[float, float] = {}  # positions -> the curve's seconds (auto asks ~20 a step)
 
     def observe(self, positions: float, seconds: float) -> None:
+        curve = self._at(positions)
         self.seconds = self.seconds * self.decay + seconds
-        self.predicted = self.predicted * self.decay + self.curve.predict(positions)
+        # the scale is the drift beside each size's own factor: a mix of sizes that changes
+        # (200 passes of one token after a few of four) moves neither
+        self.predicted = self.predicted * self.decay + curve * self._factor(positions)
         if self.curve.measured:
-            for key, sums in list(self.local.items()):  # a size seen long ago falls back to the overall scale
-                sums[0] *= self.decay
-                sums[1] *= self.decay
-                if sums[1] < 0.01:
-                    del self.local[key]
-            sums = self.local.setdefault(round(positions), [0.0, 0.0])
-            sums[0] += seconds
-            sums[1] += 1.0
+            for key in list(self.recent):
+                self.recent[key] *= self.decay
+                if self.recent[key] < 0.01:
+                    del self.recent[key]
+            key = round(positions)
+            self.recent[key] = self.recent.get(key, 0.0) + 1.0
+            sums = self.shape.setdefault(key, [0.0, 0.0])
+            sums[0] = sums[0] * self.SHAPE_DECAY + seconds / (self.seconds / self.predicted * curve)
+            sums[1] = sums[1] * self.SHAPE_DECAY + 1.0
 
     def seen(self, positions: float) -> float:
         """How many recent passes of this size were observed (weighted)."""
-        return self.local.get(round(positions), (0.0, 0.0))[1]
+        return self.recent.get(round(positions), 0.0)
 
     def predict(self, positions: float) -> float:
         scale = self.seconds / self.predicted if self.predicted > 0 else 1.0
-        scaled = scale * self.curve.predict(positions)
-        seconds, passes = self.local.get(round(positions), (0.0, 0.0))
-        return max((seconds + self.LOCAL_PRIOR * scaled) / (passes + self.LOCAL_PRIOR), 1e-9)
+        return max(scale * self._at(positions) * self._factor(positions), 1e-9)
+
+    def _factor(self, positions: float) -> float:
+        ratio, passes = self.shape.get(round(positions), (0.0, 0.0))
+        return (ratio + self.LOCAL_PRIOR) / (passes + self.LOCAL_PRIOR)
+
+    def _at(self, positions: float) -> float:
+        if positions not in self._curve:
+            self._curve[positions] = self.curve.predict(positions)
+        return self._curve[positions]
 
 
 class TreePolicy:
