@@ -165,6 +165,8 @@ class Scheduler:
         if not ready:
             return
         batch = self.cache.batch
+        for g in ready:
+            g.drafter.joins(batch)
         t_step = time.perf_counter()
         with torch.inference_mode():
             proposals = self._propose()

@@ -355,3 +355,22 @@ def test_a_row_beside_other_requests_drafts_only_at_the_rate_of_their_pass():
     assert choose(stats, row, options, 4, rows=4).drafter == "eagle"  # the pass is this group's alone
     stats.rate = beside.value / 2  # a slower pass: the row's best is above its rate
     assert choose(stats, row, options, 4, rows=1) == beside
+
+
+def test_a_request_joining_a_running_batch_prices_its_first_step_with_it(engine, monkeypatch):
+    """A server request is its own group and shares every pass with the others: its first step is
+    priced for the whole pass (``joins``), not as a pass of its own row alone (which had new
+    requests choose EAGLE, and start its head over their prompt, where drafting did not pay)."""
+    from paradec import methods
+    from paradec.draft import auto as draft_auto
+    from paradec.scheduler import Scheduler
+
+    batches, real = [], draft_auto.choose_group
+    monkeypatch.setattr(draft_auto, "choose_group", lambda *a: batches.append(a[3]) or real(*a))
+    sched = Scheduler(engine, 3, 256)
+    gen = engine.config(method="auto", max_new_tokens=4, ignore_eos=True)
+    for prompt in [*REPEATS, PROMPTS[0]]:
+        rows = engine.new_rows([engine.tokenizer.encode(prompt)], gen)
+        sched.admit(rows, gen, methods.get("auto").drafter(engine, gen))
+    list(sched.step())
+    assert batches == [3, 3, 3]

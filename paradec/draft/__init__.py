@@ -54,6 +54,8 @@ class Drafter(Protocol):
     # each accepted node (the last one's LM-head output gave ``bonus``)
     def commit(self, row: int, accepted: list[int], bonus: int, hidden: torch.Tensor | None = None) -> None: ...
 
+    def joins(self, batch: int) -> None: ...  # before each ``propose``: the rows of the pass it joins (every group's)
+
     def observe(self, step: StepReport) -> None: ...  # the step's cost and the early head's recall
 
     # the width the draft budget verified this step (None: trees in full); drafting past it is wasted

@@ -104,6 +104,13 @@ class AutoDrafter(DrafterHooks):
         self.shadows = [[] for _ in prompts]
         self.batch = max(self.batch, len(prompts))
 
+    def joins(self, batch: int) -> None:
+        # a request joining a server's running batch shares its first pass with the others too:
+        # priced as a pass of its own rows alone (what it knew before its first ``observe``), a new
+        # request's first step chose EAGLE, and started its head over the whole prompt, where the
+        # rows beside it made drafting not pay
+        self.batch = batch
+
     def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]:
         t0 = time.perf_counter()
         chains, matched = None, []

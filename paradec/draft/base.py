@@ -55,5 +55,8 @@ class DrafterHooks:
     def split(self) -> Split | None:
         return None
 
+    def joins(self, batch: int) -> None:
+        """Before each ``propose``: the pass its proposals join has ``batch`` rows (every group's)."""
+
     def observe(self, step: StepReport) -> None:
         pass

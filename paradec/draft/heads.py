@@ -148,6 +148,9 @@ class HeadDrafter:
         """The early-pruned pass, where the policy wants the next verification pass pruned."""
         return self.pruned if self.pruned is not None and self.policy.prune_next else None
 
+    def joins(self, batch: int) -> None:
+        pass
+
     def observe(self, step: StepReport) -> None:
         """The early head's recall on this step's rows, and the step's wall time for ``batch`` rows
         padded to ``drafted`` tree nodes, ``verified`` of which survived pruning into the upper
