@@ -86,7 +86,7 @@ class AutoDrafter(DrafterHooks):
         self.shadows: list[list[Shadow]] = []  # per row: declined lookup chains not yet scored
         self.choices: list[Choice] = []  # per row: this step's choice
         self.trees: list[Proposal] = []  # per row: what it verified
-        self.batch = 1  # rows in the last pass (the scheduler's, not only this group's)
+        self.batch = 1  # rows in the pass it proposes for (the scheduler's, not only this group's: ``joins``)
 
     @property
     def max_nodes(self) -> int:
@@ -102,7 +102,6 @@ class AutoDrafter(DrafterHooks):
             self.arms[name].begin(prompts, max_len, features)
         self.rows = [RowStats(self.stats.accept) for _ in prompts]
         self.shadows = [[] for _ in prompts]
-        self.batch = max(self.batch, len(prompts))
 
     def joins(self, batch: int) -> None:
         # a request joining a server's running batch shares its first pass with the others too:
@@ -188,7 +187,6 @@ class AutoDrafter(DrafterHooks):
         self.shadows[row] = pending
 
     def observe(self, step: StepReport) -> None:
-        self.batch = step.batch
         # the pass as it was (every row padded to its widest tree); accepting and committing
         # (per row, whatever was drafted) apart, so they do not price one width up
         self.stats.observe_pass(step.batch * step.width, max(step.pass_s, 1e-6))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from paradec.config import MAX_TREE_NODES
+from paradec.draft.base import DrafterHooks
 from paradec.errors import ParadecError
 from paradec.models.heads import Heads
 from paradec.options import option
@@ -49,7 +50,7 @@ class PruneOptions:
         return ("early_head",) if self.prune else ()
 
 
-class HeadDrafter:
+class HeadDrafter(DrafterHooks):
     """``split``: the early-pruned pass it asks for where its policy says pruning pays (ProPD);
     ``sizes_own_trees``: the policy sizes the tree each step (the batch budget does not cut it)."""
 
@@ -141,15 +142,9 @@ class HeadDrafter:
                     self.policy.calibration.observe(d, probs[d], [g == actual[d] for g in row_guesses])
         self.hidden[row] = None if hidden is None else hidden[-1]  # the last accepted node's
 
-    def set_width(self, width: int | None) -> None:
-        self.width = width
-
     def split(self) -> Split | None:
         """The early-pruned pass, where the policy wants the next verification pass pruned."""
         return self.pruned if self.pruned is not None and self.policy.prune_next else None
-
-    def joins(self, batch: int) -> None:
-        pass
 
     def observe(self, step: StepReport) -> None:
         """The early head's recall on this step's rows, and the step's wall time for ``batch`` rows
