@@ -318,6 +318,7 @@ class FormatChoice:
     allowed: tuple[str, ...] = ()  # the formats the weights allowed "auto" to choose from
     profile: Profile | None = None
     profile_path: Path | None = None
+    against: PassCost | None = None  # llama.cpp chosen by auto: the torch curve it was weighed against
 
 
 class ParadecWarning(UserWarning):

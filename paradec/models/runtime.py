@@ -57,4 +57,7 @@ def llamacpp_choice(lc: LlamaCppModel, choice: FormatChoice, asked: str, margin:
         ms = lc_cost.predict(1) * 1e3, choice.cost.predict(1) * 1e3
         than = f"{margin:g}x less than" if margin != 1.0 else "<"
         reason = f"auto: llama.cpp's `ar` step {ms[0]:.0f} ms {than} torch {choice.name}'s {ms[1]:.0f} ms on this CPU"
-    return replace(choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path)
+    against = choice.cost if asked == "auto" else None
+    return replace(
+        choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path, against=against
+    )
