@@ -10,9 +10,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from paradec import companions
 from paradec.bench.prompts import Prompt, load_prompts
 from paradec.bench.report import machine, markdown_table
-from paradec.zoo import default_gguf, zoo_drafts, zoo_eagle, zoo_heads
+from paradec.zoo import default_gguf
 
 
 def ab_args(methods: str, per_category: int) -> argparse.Namespace:
@@ -28,7 +29,7 @@ def ab_args(methods: str, per_category: int) -> argparse.Namespace:
 def default_model() -> tuple[Path, dict]:
     """The default GGUF and the companions the zoo trained for it (``load``'s keywords)."""
     model = default_gguf()
-    return model, {"eagle": zoo_eagle(model), "heads": zoo_heads(model), "drafts": zoo_drafts(model)}
+    return model, {c.name: c.zoo(model) for c in companions.loadable() if c.zoo is not None}
 
 
 def interleaved(

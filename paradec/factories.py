@@ -18,6 +18,7 @@ from paradec.cpu import PassCost
 from paradec.draft import Drafter, HeadDrafter, ModelDrafter, NgramDrafter, RootDrafter, TreeDrafter
 from paradec.draft.auto import AutoDrafter
 from paradec.draft.base import DEFAULT_TREE_NODES, EAGLE_TREE_NODES, TreeOptions
+from paradec.draft.datastore import REST_DRAFT, Datastore, DatastoreLookup, DatastoreOptions
 from paradec.draft.eagle import EAGLE_LOOKUP_MIN_NGRAM, EagleCostModel, EagleDrafter, EagleOptions
 from paradec.draft.heads import PruneOptions
 from paradec.draft.model import SsmOptions
@@ -33,7 +34,7 @@ from paradec.policy.auto import AutoStats
 from paradec.policy.dynamic import EARLY_RECALL_PRIOR, rank_prior
 from paradec.state import Split
 from paradec.tokenizer import Tokenizer, load_tokenizer
-from paradec.zoo import zoo_drafts, zoo_eagle, zoo_heads
+from paradec.zoo import zoo_datastore, zoo_drafts, zoo_eagle, zoo_heads
 
 
 class Target(Protocol):
@@ -64,6 +65,12 @@ def ngram(gen: GenerationConfig, quant: str, min_ngram: int = 1) -> NgramDrafter
 
 def pld(target: Target, gen: GenerationConfig) -> Drafter:
     return TreeDrafter([], ngram(gen, target.quant))
+
+
+def rest(target: Target, gen: GenerationConfig) -> Drafter:
+    """REST: the datastore's most frequent continuation of the context's suffix, a chain."""
+    most = gen.option(DatastoreOptions).rest_draft or REST_DRAFT[target.quant]
+    return TreeDrafter([], DatastoreLookup(target.companions["datastore"], most))
 
 
 def specinfer(target: Target, gen: GenerationConfig) -> Drafter:
@@ -145,8 +152,17 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
         sizes["specinfer"] = arms["specinfer"].max_nodes
     per_match, most = PLD_DRAFT["none"]  # the longest chains: auto verifies what pays of them
     lookup = NgramDrafter(gen.option(LookupOptions).max_ngram, most, 1, per_match=per_match)
+    store = loaded.get("datastore")
+    retrieval = DatastoreLookup(store, REST_DRAFT["none"]) if store is not None and stats.offers("rest") else None
     return AutoDrafter(
-        arms, sizes, lookup, stats, gen.sampling, lazy=frozenset({"specinfer", "eagle"}), featured=frozenset({"eagle"})
+        arms,
+        sizes,
+        lookup,
+        stats,
+        gen.sampling,
+        lazy=frozenset({"specinfer", "eagle"}),
+        featured=frozenset({"eagle"}),
+        retrieval=retrieval,
     )
 
 
@@ -239,6 +255,14 @@ for _c in (
         "EAGLE draft head for eagle, eagle+propd, eagle+ngram",
         load_eagle_head,
         zoo_eagle,
+    ),
+    Companion(
+        "datastore",
+        "a datastore",
+        "--datastore",
+        "datastore for rest (and auto): a directory `paradec train datastore` wrote",
+        lambda target, path: Datastore.load(path),
+        zoo_datastore,
     ),
     Companion(
         "early_head",

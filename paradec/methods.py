@@ -23,6 +23,7 @@ from paradec import companions, factories
 from paradec.config import ACCEPTORS, AcceptConfig, GenerationConfig, SamplingConfig
 from paradec.draft import Drafter
 from paradec.draft.base import TreeOptions
+from paradec.draft.datastore import DatastoreOptions
 from paradec.draft.eagle import EagleOptions
 from paradec.draft.heads import PruneOptions
 from paradec.draft.model import SsmOptions
@@ -219,7 +220,7 @@ for _m in (
         "auto",
         "each step and row, the loaded drafter (or none) with the most expected tokens per second on this CPU",
         drafter=factories.auto,
-        uses=("drafts", "heads", "eagle"),
+        uses=("drafts", "heads", "eagle", "datastore"),
         options=(LookupOptions, SsmOptions, TreeOptions, EagleOptions),
         backends=BOTH,
         acceptors=("mss", "naive"),
@@ -247,6 +248,13 @@ for _m in (
         drafter=factories.pld,
         options=LOOKUP,
         demo={},
+    ),
+    Method(
+        "rest",
+        "REST: the most frequent continuation of the context's suffix in a datastore of text",
+        drafter=factories.rest,
+        needs=("datastore",),
+        options=(DatastoreOptions,),
     ),
     Method(
         "medusa",

@@ -102,6 +102,12 @@ def zoo_drafts(model: str | Path) -> list[Path]:
     return [] if root is None else sorted(p for p in root.glob("ssm*") if (p / "config.json").is_file())
 
 
+def zoo_datastore(model: str | Path) -> Path | None:
+    """The datastore the zoo ships for ``model`` (retrieval drafting: ``rest``, ``auto``)."""
+    root = _zoo_dir(model)
+    return root / "datastore" if root is not None and (root / "datastore" / "datastore.json").is_file() else None
+
+
 def zoo_heads(model: str | Path) -> Path | None:
     """The Medusa heads (with ProPD's early head) the zoo ships for ``model``."""
     root = _zoo_dir(model)

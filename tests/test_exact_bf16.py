@@ -122,6 +122,7 @@ def test_linear_rows_do_not_depend_on_the_row_count():
 ALL_METHODS = (
     {"method": "auto"},
     {"method": "pld"},
+    {"method": "rest"},
     {"method": "specinfer", "expansion": [1, 1, 1, 1]},
     {"method": "specinfer", "expansion": [1, 2, 1], "with_ngram": True},
     {"method": "medusa"},
@@ -142,7 +143,7 @@ def test_every_lossless_method_equals_ar_on_smollm2(fmt, prompts, tokens, config
     CPU runs the suite. Without the draft budget every tree is verified in full, whatever the CPU's
     own curve (ProPD sizes its trees on the measured one)."""
     from paradec.models.gguf import resolve_model
-    from paradec.zoo import default_gguf, zoo_drafts, zoo_eagle, zoo_heads
+    from paradec.zoo import default_gguf, zoo_datastore, zoo_drafts, zoo_eagle, zoo_heads
 
     drafts, heads = zoo_drafts(default_gguf()), zoo_heads(default_gguf())
     engine = paradec.load(
@@ -152,6 +153,7 @@ def test_every_lossless_method_equals_ar_on_smollm2(fmt, prompts, tokens, config
         drafts=drafts[:1],
         heads=heads,
         eagle=zoo_eagle(default_gguf()),
+        datastore=zoo_datastore(default_gguf()),
     )
     engine.budget = None
     chats = [

@@ -17,6 +17,7 @@ from paradec.cli.common import flag_message
 from paradec.cpu import PassCost
 from paradec.draft import DrafterHooks, DraftTree, merge
 from paradec.draft.base import TreeOptions
+from paradec.draft.datastore import Datastore
 from paradec.draft.eagle import EagleOptions
 from paradec.draft.heads import PruneOptions
 from paradec.draft.ngram import LookupOptions
@@ -37,6 +38,12 @@ def engine(llama_dir, drafters, tmp_path_factory):
     path = tmp_path_factory.mktemp("eagle") / "head"
     EagleHead(engine.model.config).save(path, {})
     engine.load_companion("eagle", path)
+    # a datastore of the first halves of `ar`'s answers: rest's chains are right, then wrong
+    ar = [g.token_ids for g in engine.generate(PROMPTS, max_new_tokens=N_NEW, ignore_eos=True)]
+    ids = engine.tokenizer.hf(PROMPTS).input_ids
+    store = tmp_path_factory.mktemp("datastore")
+    Datastore.build([p + a[: N_NEW // 2] for p, a in zip(ids, ar)]).save(store)
+    engine.load_companion("datastore", store)
     return engine
 
 

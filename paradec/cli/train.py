@@ -58,6 +58,19 @@ def add_train_parser(sub) -> None:
     )
     _add_eagle_parser(tsub)
     _add_aspd_parser(tsub)
+    td = tsub.add_parser("datastore", help="datastore for rest and auto: the target's own answers (no training)")
+    td.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
+    td.add_argument("--out", required=True)
+    td.add_argument(
+        "--questions",
+        required=True,
+        metavar="FILE",
+        help="the target's answers to these questions (question.jsonl; never an evaluation set)",
+    )
+    td.add_argument(
+        "--answers", nargs="*", default=[], metavar="FILE", help="other models' answers to them (model_answer jsonl)"
+    )
+    td.add_argument("--run-dir", default="runs/zoo", help="the target's answers (cached, resumable)")
 
 
 def _add_eagle_parser(tsub) -> None:
@@ -265,6 +278,17 @@ def _train_eagle(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
 
 
+def _train_datastore(args: argparse.Namespace) -> None:
+    from paradec.train.datastore import build_chat_datastore
+
+    for f in [args.questions, *args.answers]:
+        if not Path(f).is_file():
+            raise ParadecError(f"{f}: no such file; pass FastChat question.jsonl / model_answer jsonl files")
+    writable_dir(Path(args.out), "--out")
+    meta = build_chat_datastore(args.target, args.out, args.run_dir, args.questions, tuple(args.answers))
+    print(json.dumps(meta))
+
+
 def _train_aspd(args: argparse.Namespace) -> None:
     from paradec.train.aspd import AspdTrainConfig, train_aspd
 
@@ -300,4 +324,5 @@ RECIPES = {
     "heads": _train_heads,
     "eagle": _train_eagle,
     "aspd": _train_aspd,
+    "datastore": _train_datastore,
 }

@@ -7,6 +7,7 @@ from typing import Protocol
 import torch
 
 from paradec.draft.base import DrafterHooks, DraftTree, Draw, Proposal, merge
+from paradec.draft.datastore import DatastoreLookup
 from paradec.draft.heads import HeadDrafter
 from paradec.draft.model import ModelDrafter
 from paradec.draft.ngram import NgramDrafter
@@ -78,9 +79,10 @@ class RootDrafter(DrafterHooks):
 
 
 class TreeDrafter(DrafterHooks):
-    """Runs every drafter for every row and merges their trees (trie union) per row."""
+    """Runs every drafter for every row and merges their trees (trie union) per row. ``ngram``: a
+    lookup, in the prompt (prompt lookup) or in a datastore (``rest``)."""
 
-    def __init__(self, models: list[ModelDrafter], ngram: NgramDrafter | None) -> None:
+    def __init__(self, models: list[ModelDrafter], ngram: NgramDrafter | DatastoreLookup | None) -> None:
         self.models, self.ngram = models, ngram
 
     @property

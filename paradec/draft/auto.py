@@ -2,20 +2,23 @@
 commit the most tokens per second, or not at all (`ar`).
 
 Prompt lookup costs nothing to ask, so it runs first for every row and its chain (whose size
-says how long a suffix matched) is one option; the model drafters (EAGLE's head, Medusa heads,
-SSMs) are options at the size they proposed last. The drafters no row chose are told to skip
-this step (``set_width(0)``: no head or SSM passes) but still see every commit, so their state
-stays in step with the text and they can be chosen at the next step. Each proposal carries the
-name of the drafter that made it (``Proposal.source``), which the scheduler counts per row: the
-answer says which drafters ran and how often. A drafter the engine retires (``policy.auto``: it
-keeps not being chosen) is dropped at once: no more passes, commits or offers in this request.
+says how long a suffix matched) is one option; so is retrieval from a datastore where one is
+loaded (``rest``: its statistics kept by ``datastore.confidence``); the model drafters (EAGLE's
+head, Medusa heads, SSMs) are options at the size they proposed last. The drafters no row chose
+are told to skip this step (``set_width(0)``: no head or SSM passes) but still see every commit,
+so their state stays in step with the text and they can be chosen at the next step. Each
+proposal carries the name of the drafter that made it (``Proposal.source``), which the
+scheduler counts per row: the answer says which drafters ran and how often. A drafter the
+engine retires (``policy.auto``: it keeps not being chosen) is dropped at once: no more passes,
+lookups, commits or offers in this request.
 
-A prompt-lookup chain a row did not verify is still scored: the tokens the row commits next say
-how much of it would have been accepted (``Shadow``), and that counts as an observation of its
-context. The chain is a point mass, so "the committed token is the drafted one" happens with
-exactly the chance that verification would accept it, when sampling as in greedy mode; and it
-is read after the draws it scores, for later steps' choices only. Without it, a row that chose
-`ar` for a context never learned that on its text that context's chains are accepted.
+A lookup chain (prompt or datastore) a row did not verify is still scored: the tokens the row
+commits next say how much of it would have been accepted (``Shadow``), and that counts as an
+observation of its context. The chain is a point mass, so "the committed token is the drafted
+one" happens with exactly the chance that verification would accept it, when sampling as in
+greedy mode; and it is read after the draws it scores, for later steps' choices only. Without
+it, a row that chose `ar` for a context never learned that on its text that context's chains
+are accepted.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 from paradec.config import SamplingConfig
 from paradec.draft import Drafter
 from paradec.draft.base import DrafterHooks
+from paradec.draft.datastore import DatastoreLookup
 from paradec.draft.ngram import NgramDrafter
 from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose_group
 from paradec.state import StepReport
@@ -58,7 +62,8 @@ class Shadow:
 class AutoDrafter(DrafterHooks):
     """``arms``: name -> a drafter of the shared loop, whose trees have up to ``sizes[name]`` nodes
     past the root (it drafts less when told a smaller width); ``lookup``: prompt lookup (None:
-    not offered, as on llama.cpp's runtime, which verifies no trees)."""
+    not offered, as on llama.cpp's runtime, which verifies no trees); ``retrieval``: a datastore's
+    chains (None: none loaded)."""
 
     sizes_own_trees = True  # it prices its rows' trees (``Proposal.gains``); the batch cuts them jointly
 
@@ -71,8 +76,10 @@ class AutoDrafter(DrafterHooks):
         sampling: SamplingConfig,
         lazy: frozenset[str] = frozenset(),
         featured: frozenset[str] = frozenset(),
+        retrieval: DatastoreLookup | None = None,
     ) -> None:
         self.arms, self.sizes, self.lookup, self.stats = arms, sizes, lookup, stats
+        self.retrieval = retrieval
         # arms started only when a row first chooses them (an SSM's set-up runs its LM head over
         # the whole context, EAGLE's its head: a cost every request paid at admission, chosen or
         # not; 7.5 ms a request for EAGLE in bf16, 16 of them at once at a server's 16 clients)
@@ -90,8 +97,8 @@ class AutoDrafter(DrafterHooks):
 
     @property
     def max_nodes(self) -> int:
-        chain = self.lookup.max_nodes + 1 if self.lookup is not None else 0
-        return max([chain, *(arm.max_nodes for arm in self.arms.values())])
+        chains = [c.max_nodes + 1 for c in (self.lookup, self.retrieval) if c is not None]
+        return max([0, *chains, *(arm.max_nodes for arm in self.arms.values())])
 
     def begin(self, prompts: list[list[int]], max_len: int, features: torch.Tensor | None = None) -> None:
         # features [rows, longest prompt - 1, hidden]: the target's, before each prompt token but the first
@@ -119,6 +126,15 @@ class AutoDrafter(DrafterHooks):
                 chains.append(self.lookup.propose(seq))
                 matched.append(self.lookup.matched)  # the context of its statistics: a longer match, a surer chain
             self.stats.observe_draft("pld", (time.perf_counter() - t0) / len(sequences), len(sequences))
+        if self.retrieval is not None and not self.stats.offers("rest"):
+            self.retrieval = None  # retired for the engine (``policy.auto``): no more lookups
+        found, agreed = None, []
+        if self.retrieval is not None:
+            t1, found = time.perf_counter(), []
+            for seq in sequences:
+                found.append(self.retrieval.propose(seq))
+                agreed.append(self.retrieval.matched)  # its statistics' context: suffix length, agreement
+            self.stats.observe_draft("rest", (time.perf_counter() - t1) / len(sequences), len(sequences))
         for name in [name for name in self.arms if not self.stats.offers(name)]:
             del self.arms[name]
             self.started.discard(name)
@@ -127,9 +143,12 @@ class AutoDrafter(DrafterHooks):
             options.append([Option(name, self.sizes[name]) for name in self.arms])
             if chains is not None and len(chains[b].tokens) > 1:
                 options[b].append(Option("pld", len(chains[b].tokens) - 1, matched[b]))
+            if found is not None and len(found[b].tokens) > 1:
+                options[b].append(Option("rest", len(found[b].tokens) - 1, agreed[b]))
         self.choices = choose_group(self.stats, self.rows, options, self.batch)
+        offered = [*self.arms, "rest"] if found is not None else list(self.arms)
         for c in self.choices:
-            self.stats.tally(list(self.arms), c)
+            self.stats.tally(offered, c)
         drafted = {}
         for name, arm in self.arms.items():
             widths = [c.width for c in self.choices if c.drafter == name]
@@ -152,12 +171,16 @@ class AutoDrafter(DrafterHooks):
                 prop = Proposal.root_only(seq[-1])
             elif c.drafter == "pld":
                 prop = merge(seq[-1], [chains[b]]).cut(c.width)
+            elif c.drafter == "rest":
+                prop = merge(seq[-1], [found[b]]).cut(c.width)
             else:  # a drawn tree is verified whole: which draws are kept must not depend on their values
                 prop = drafted[c.drafter][b]
                 prop = prop.cut(c.width) if self.greedy else prop
             prop.source = c.drafter
             if c.drafter != "pld" and chains is not None and len(chains[b].tokens) > 1:
                 self.shadows[b].append(Shadow(("pld", matched[b]), chains[b].tokens[1:]))
+            if c.drafter != "rest" and found is not None and len(found[b].tokens) > 1:
+                self.shadows[b].append(Shadow(("rest", agreed[b]), found[b].tokens[1:]))
             if self.greedy:  # the batch budget may cut it further: what each width is expected to commit
                 rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
                 prop.gains = list(accumulate(rates, initial=1.0))

@@ -28,7 +28,8 @@ admission (EAGLE's head over the prompt), its state kept in step with every comm
 that explore it. One that the engine chose on fewer than RETIRE_SHARE of RETIRE_AFTER row-steps
 is retired for the engine (``AutoStats.retired``): no request builds it or offers it until
 RETIRE_FOR more row-steps have gone by, then it is offered and judged again. Prompt lookup costs
-nothing to offer and is never retired.
+nothing to offer and is never retired; a datastore's lookups (``rest``) cost ~0.1 ms a row-step
+whether chosen or not, so it is retired like a model drafter.
 
 Every input is known before the step's draws, so the output stays the target's: token for token in greedy mode,
 in distribution when sampling.
@@ -49,6 +50,8 @@ RETIRE_AFTER = 256  # row-steps a model drafter is offered before the engine jud
 RETIRE_SHARE = 0.01  # chosen (on value, not to explore) on fewer of them: retired ...
 RETIRE_FOR = 4096  # ... for this many of the engine's row-steps
 FREE = frozenset({"pld"})  # drafters that cost nothing to offer: never retired
+# drafters whose proposal is a row's own lookup (no passes shared by a group's rows): never dropped for a group
+PER_ROW = frozenset({"pld", "rest"})
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ def choose_group(stats: AutoStats, rows: list[RowStats], options: list[list[Opti
     pass when charged to the one row that chose it, and auto chose it on 1 step of 500)."""
     n = len(rows)
     choices = [choose(stats, row, opts, batch, n) for row, opts in zip(rows, options)]
-    for arm in sorted({c.drafter for c in choices} - FREE - {"ar"}):
+    for arm in sorted({c.drafter for c in choices} - PER_ROW - {"ar"}):
         if any(c.explored for c in choices if c.drafter == arm):
             continue  # a row looking again pays for it on purpose
         without = [
@@ -255,7 +258,7 @@ def _group_value(stats: AutoStats, choices: list[Choice], batch: int) -> float:
     """Expected committed tokens per second of a group making ``choices`` in a pass of ``batch``
     rows: its share of the pass padded to its widest tree, plus each model drafter it runs."""
     n = len(choices)
-    drafters = {c.drafter for c in choices} - FREE - {"ar"}
+    drafters = {c.drafter for c in choices} - PER_ROW - {"ar"}
     drafting = n * sum(stats.draft_cost(d, n) for d in drafters)
     seconds = stats.pass_s(batch * max(c.width for c in choices)) * n / batch + drafting + n * stats.overhead
     return sum(c.expected for c in choices) / seconds
