@@ -10,6 +10,7 @@ from conftest import run_cli
 
 from paradec.bench.harness import BenchConfig, bench_methods, method_needs
 from paradec.bench.prompts import load_prompts
+from paradec.draft.datastore import Datastore
 from paradec.errors import ParadecError
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.testing import make_checkpoint
@@ -35,6 +36,7 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
     from paradec.models.eagle import EagleHead
 
     EagleHead(load_model(llama_dir).config).save(tmp_path / "eagle", {})
+    Datastore.build([tokenizer("def add(a, b):\n    return a + b\n").input_ids]).save(tmp_path / "datastore")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         "\n".join(
@@ -53,6 +55,8 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
         str(tmp_path / "heads"),
         "--eagle",
         str(tmp_path / "eagle"),
+        "--datastore",
+        str(tmp_path / "datastore"),
         "--methods",
         ",".join(methods),
         "--prompts",
@@ -84,6 +88,7 @@ def test_bench_every_method(tmp_path, llama_dir, tokenizer):  # aspd: tests/test
         "propd",
         "eagle",
         "eagle+propd",
+        "rest",
     ):
         assert overall[m]["identical_to_ar"] == 1.0 and overall[m]["tau"] >= 1.0
     assert overall["oracle"]["tau"] > 4  # a perfect 8-deep chain commits ~9 tokens per pass
