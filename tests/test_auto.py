@@ -12,6 +12,7 @@ import paradec
 from paradec.config import SamplingConfig
 from paradec.cpu import PassCost
 from paradec.draft.auto import AutoDrafter, Shadow
+from paradec.draft.datastore import Datastore
 from paradec.draft.eagle import EagleDrafter
 from paradec.draft.heads import HeadDrafter
 from paradec.draft.ngram import NgramDrafter
@@ -41,6 +42,16 @@ def engine(llama_dir, drafters, tmp_path_factory):
     path = tmp_path_factory.mktemp("eagle") / "head"
     EagleHead(engine.model.config).save(path, {})
     engine.load_companion("eagle", path)
+    # a datastore: the first halves of `ar`'s answers and sampled continuations of the sampling
+    # tests' prompt, so that its chains are right (and wrong) in both modes
+    prompts = PROMPTS + REPEATS
+    ar = engine.generate(prompts, max_new_tokens=N_NEW, ignore_eos=True)
+    texts = [p + g.token_ids[: N_NEW // 2] for p, g in zip(engine.tokenizer.hf(prompts).input_ids, ar)]
+    f = engine.tokenizer.encode("def f(x):")
+    drawn = engine.generate([f] * 24, max_new_tokens=3, temperature=0.15, top_k=3, seed=1, ignore_eos=True)
+    store = tmp_path_factory.mktemp("datastore")
+    Datastore.build(texts + [f + g.token_ids for g in drawn]).save(store)
+    engine.load_companion("datastore", store)
     return engine
 
 
@@ -57,7 +68,7 @@ def test_greedy_is_ar_and_it_says_which_drafters_ran(engine, deterministic):
         for name, n in g.stats.drafters.items():
             ran[name] = ran.get(name, 0) + n
     if deterministic:  # no timings (measured ones would make the choice this CPU's): the tokens decide
-        assert {"pld", "eagle", "medusa", "specinfer"} <= set(ran)  # every loaded drafter is tried ...
+        assert {"pld", "rest", "eagle", "medusa", "specinfer"} <= set(ran)  # every loaded drafter is tried ...
         assert sum(g.stats.new_tokens for g in out) > sum(g.stats.steps for g in out)  # ... and some pay
 
 
@@ -88,8 +99,9 @@ def test_llamacpp_like_runtime_without_drafters_is_ar(llama_dir):
 
 
 def test_a_drafter_the_engine_keeps_not_choosing_is_retired_at_once(engine, monkeypatch):
-    """Every model drafter retired after 8 row-steps: they stop running within the request (no more
-    proposals), the next request does not build them, and the tokens stay `ar`'s."""
+    """Every model drafter, and the datastore, retired after 8 row-steps: they stop running within
+    the request (no more proposals or lookups), the next request does not build them, and the
+    tokens stay `ar`'s. Prompt lookup is never retired."""
     monkeypatch.setattr(policy, "RETIRE_AFTER", 8)
     monkeypatch.setattr(policy, "RETIRE_SHARE", 1.1)  # any share retires
     engine.policies.pop(("auto",), None)
@@ -105,7 +117,7 @@ def test_a_drafter_the_engine_keeps_not_choosing_is_retired_at_once(engine, monk
     asked.clear()
     outs = [engine.generate(prompt, method="auto", max_new_tokens=N_NEW, ignore_eos=True) for _ in range(2)]
     assert [out.token_ids for out in outs] == [ar, ar]
-    assert set(engine.policies[("auto",)].retired) == {"eagle", "medusa", "specinfer"}
+    assert set(engine.policies[("auto",)].retired) == {"eagle", "medusa", "specinfer", "rest"}
     assert outs[0].stats.steps > 8 and len(asked) == 8  # asked at every step until it was retired
     assert len(built) == 1  # built for the first request, not for the second
     assert set(outs[1].stats.drafters) <= {"ar", "pld"}
