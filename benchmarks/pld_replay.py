@@ -90,25 +90,32 @@ def replay(drafter: NgramDrafter, prompt: list[int], answer: list[int], cost) ->
     return steps, total
 
 
-def main() -> None:
+def replay_parser() -> argparse.ArgumentParser:
+    """The options every replay takes (``rest_replay.py`` adds its own)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--per-category", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--pass-cost", required=True, help="benchmarks/pass_cost.py's results.json")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def pass_cost(path: str, quant: str):
+    """w -> what a pass of w rows costs in `ar` steps, for ``quant``, from pass_cost.py's results."""
+    rows = json.loads(Path(path).read_text())["rows"]
+    curve = sorted((r["width"], r["vs_width_1"]) for r in rows if r["quant"] == quant)
+    widths, ratios = [w for w, _ in curve], [c for _, c in curve]
+    return lambda w: float(np.interp(w, widths, ratios))
+
+
+def main() -> None:
+    args = replay_parser().parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     data = answers(args)
-    rows_cost = json.loads(Path(args.pass_cost).read_text())["rows"]
     out = []
     for quant, settings in SETTINGS.items():
-        curve = sorted((r["width"], r["vs_width_1"]) for r in rows_cost if r["quant"] == quant)
-        widths, ratios = [w for w, _ in curve], [c for _, c in curve]
-
-        def cost(w: int, widths=widths, ratios=ratios) -> float:
-            return float(np.interp(w, widths, ratios))
-
+        cost = pass_cost(args.pass_cost, quant)
         for label, max_ngram, per_match, most in settings:
             drafter = NgramDrafter(max_ngram, most, per_match=per_match)
             tokens = steps = 0

@@ -18,13 +18,10 @@ asks both lookups and records what each chain would have had accepted. Rows, per
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
-
-import numpy as np
 
 from paradec.bench.report import markdown_table
 from paradec.draft import NgramDrafter
@@ -32,7 +29,7 @@ from paradec.draft.datastore import REST_DRAFT, Datastore, DatastoreLookup
 from paradec.draft.ngram import PLD_DRAFT
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pld_replay import answers  # noqa: E402  (the `ar` answers, generated once and kept in OUT)
+from pld_replay import answers, pass_cost, replay_parser  # noqa: E402  (the `ar` answers are kept in OUT)
 
 
 def accepted(chain: list[int], answer: list[int], i: int) -> int:
@@ -80,26 +77,16 @@ def price(steps: list[tuple], cost) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", required=True)
-    ap.add_argument("--per-category", type=int, default=5)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap = replay_parser()
     ap.add_argument("--datastore", action="append", required=True, help="a datastore directory (repeat)")
-    ap.add_argument("--pass-cost", required=True, help="benchmarks/pass_cost.py's results.json")
-    ap.add_argument("--out", required=True)
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     data = answers(args)
-    curve = json.loads(Path(args.pass_cost).read_text())["rows"]
     rows = []
     for path in args.datastore:
         store = Datastore.load(path)
         for quant in ("none", "int4"):
-            pts = sorted((r["width"], r["vs_width_1"]) for r in curve if r["quant"] == quant)
-
-            def cost(w: int, pts=pts) -> float:
-                return float(np.interp(w, [p[0] for p in pts], [p[1] for p in pts]))
-
+            cost = pass_cost(args.pass_cost, quant)
             per_match, most = PLD_DRAFT[quant]
             steps = walk(data, NgramDrafter(4, most, per_match=per_match), DatastoreLookup(store, REST_DRAFT[quant]))
             vs_ar = price(steps, cost)

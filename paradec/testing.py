@@ -101,6 +101,15 @@ GGUF_CHAT_TEMPLATE = (
 )
 
 
+def write_chat_gguf(path: str | Path, seed: int = 0, **shapes) -> Path:
+    """A tiny random chat GGUF (a BPE tokenizer with <|im_start|>/<|im_end|> and the chat template):
+    what the chat recipes need of the default model, in a second."""
+    tok = make_tokenizer(320, stdlib_text(40_000), special=("<|im_start|>", "<|im_end|>"))
+    kw = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, seed=seed)
+    write_gguf(path, tok, **{**kw, **shapes})
+    return Path(path)
+
+
 def llamacpp_permute(w, n_heads: int):
     """llama.cpp's q/k row order (convert_hf_to_gguf's ``LlamaModel.permute``), w [n_heads * head_dim, ...]."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -13,7 +13,7 @@ import paradec
 from paradec.cpu import PassCost
 from paradec.draft.datastore import Datastore, DatastoreLookup, confidence
 from paradec.errors import ParadecError
-from paradec.testing import make_tokenizer, stdlib_text, write_gguf
+from paradec.testing import write_chat_gguf
 from paradec.train.chat_data import load_questions
 from paradec.train.chat_recipes import split
 
@@ -112,9 +112,7 @@ def test_rest_without_a_datastore_is_one_clear_error(llama_dir, tmp_path):
 
 def test_the_recipe_builds_from_the_targets_training_answers(tmp_path, monkeypatch):
     monkeypatch.setenv("PARADEC_HOME", str(tmp_path / "home"))
-    tok = make_tokenizer(320, stdlib_text(40_000), special=("<|im_start|>", "<|im_end|>"))
-    model = tmp_path / "chat.gguf"
-    write_gguf(model, tok, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    model = write_chat_gguf(tmp_path / "chat.gguf")
     qs = [{"question_id": f"q{n}", "turns": [f"Name {n} colours."]} for n in range(12)]
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qs))
     other = {"question_id": "q1", "choices": [{"index": 0, "turns": ["Red, green and blue."]}]}

@@ -288,13 +288,11 @@ def test_train_eagle_end_to_end_on_a_tiny_chat_model(tmp_path, monkeypatch):
     import json
 
     from paradec.errors import ParadecError
-    from paradec.testing import make_tokenizer, stdlib_text, write_gguf
+    from paradec.testing import write_chat_gguf
     from paradec.train.eagle import EagleTrainConfig, train_eagle
 
     monkeypatch.setenv("PARADEC_HOME", str(tmp_path / "home"))
-    tok = make_tokenizer(320, stdlib_text(40_000), special=("<|im_start|>", "<|im_end|>"))
-    gguf = tmp_path / "base.gguf"
-    write_gguf(gguf, tok, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    gguf = write_chat_gguf(tmp_path / "base.gguf")
     qs = [{"question_id": f"q{n}", "turns": [f"Write a function number {n}."]} for n in range(30)]
     (tmp_path / "question.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qs))
     answers = [

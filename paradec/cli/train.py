@@ -59,37 +59,32 @@ def add_train_parser(sub) -> None:
     _add_eagle_parser(tsub)
     _add_aspd_parser(tsub)
     td = tsub.add_parser("datastore", help="datastore for rest and auto: the target's own answers (no training)")
-    td.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
-    td.add_argument("--out", required=True)
-    td.add_argument(
-        "--questions",
-        required=True,
-        metavar="FILE",
-        help="the target's answers to these questions (question.jsonl; never an evaluation set)",
-    )
-    td.add_argument(
-        "--answers", nargs="*", default=[], metavar="FILE", help="other models' answers to them (model_answer jsonl)"
-    )
+    _add_chat_data(td, "build from", "more text to draft from")
     td.add_argument("--run-dir", default="runs/zoo", help="the target's answers (cached, resumable)")
 
 
-def _add_eagle_parser(tsub) -> None:
-    te = tsub.add_parser("eagle", help="EAGLE draft head (one decoder layer on the target's features; frozen target)")
-    te.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
-    te.add_argument("--out", required=True)
-    te.add_argument(
+def _add_chat_data(p: argparse.ArgumentParser, use: str, others: str) -> None:
+    """--target, --out, and the chat data a recipe ``use``s: questions and other models' answers."""
+    p.add_argument("--target", default=None, help="the target (HF directory or .gguf; default: the default model)")
+    p.add_argument("--out", required=True)
+    p.add_argument(
         "--questions",
         required=True,
         metavar="FILE",
-        help="train on the target's answers to these questions (question.jsonl; never an evaluation set)",
+        help=f"{use} the target's answers to these questions (question.jsonl; never an evaluation set)",
     )
-    te.add_argument(
+    p.add_argument(
         "--answers",
         nargs="*",
         default=[],
         metavar="FILE",
-        help="other models' answers to --questions (model_answer jsonl): more text to read the target's features on",
+        help=f"other models' answers to --questions (model_answer jsonl): {others}",
     )
+
+
+def _add_eagle_parser(tsub) -> None:
+    te = tsub.add_parser("eagle", help="EAGLE draft head (one decoder layer on the target's features; frozen target)")
+    _add_chat_data(te, "train on", "more text to read the target's features on")
     te.add_argument(
         "--draft-vocab",
         type=int,
