@@ -87,6 +87,13 @@ def test_auto_offers_the_datastore_and_stays_ar(engine):
     assert sum(g.stats.drafters.get("rest", 0) for g in out) > 0
 
 
+def test_rest_sampling_is_seeded(engine):
+    engine, _ = engine
+    kw = dict(method="rest", max_new_tokens=N_NEW, temperature=0.8, ignore_eos=True, seed=5)
+    a, b = engine.generate(PROMPTS, **kw), engine.generate(PROMPTS, **kw)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
 def test_rest_samples_the_target_joint(llama_dir, tmp_path):
     """The first two sampled tokens with the datastore's chains (built from samples, so they are
     often right) against the target's exact joint; the bound rejects a wrong joint."""

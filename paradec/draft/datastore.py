@@ -7,10 +7,11 @@ phrases, its way of opening and closing an answer) where the prompt has nothing 
 The store is the corpus's tokens, documents separated by -1, and its positions sorted by the
 ``KEY`` tokens before them, nearest first (``np.lexsort``, at load). A context's suffix read
 backwards narrows one range of that order a column at a time (``np.searchsorted``): the range
-after n columns holds the occurrences of its n-token suffix, so one pass finds every length. From the longest
-suffix that occurs (at least ``min_ngram`` tokens), the chain follows the most frequent next
-token among the matches, keeps the matches that continue with it, and so on: the path of a
-frequency-weighted trie, as REST drafts. Deterministic, so each token is a point-mass draft.
+after n columns holds the occurrences of its n-token suffix, so one pass finds every length.
+From the longest suffix that occurs (at least ``min_ngram`` tokens), the chain follows the most
+frequent next token among the matches, keeps the matches that continue with it, and so on: the
+path of a frequency-weighted trie, as REST drafts. Deterministic, so each token is a point-mass
+draft.
 
 ``matched`` says how sure the chain is, as prompt lookup's matched suffix does: the suffix's
 length and how many matches agreed on its first token (``confidence``); ``auto`` keeps its
