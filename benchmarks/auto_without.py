@@ -22,12 +22,8 @@ from paradec import factories, methods
 def without(name: str):
     def drafter(target, gen):
         auto = factories.auto(target, gen)
-        if name == "rest":
-            auto.retrieval = None
-        elif name == "pld":
-            auto.lookup = None
-        else:
-            auto.arms.pop(name, None)
+        auto.lookups.pop(name, None)  # rest, pld
+        auto.arms.pop(name, None)
         return auto
 
     return drafter

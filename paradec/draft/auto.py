@@ -36,7 +36,7 @@ from paradec.draft.datastore import DatastoreLookup
 from paradec.draft.ngram import NgramDrafter
 from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose_group
 from paradec.state import StepReport
-from paradec.tree.proposal import Proposal, merge
+from paradec.tree.proposal import DraftTree, Proposal, merge
 from paradec.tree.tree import TokenTree
 
 
@@ -78,8 +78,11 @@ class AutoDrafter(DrafterHooks):
         featured: frozenset[str] = frozenset(),
         retrieval: DatastoreLookup | None = None,
     ) -> None:
-        self.arms, self.sizes, self.lookup, self.stats = arms, sizes, lookup, stats
-        self.retrieval = retrieval
+        self.arms, self.sizes, self.stats = arms, sizes, stats
+        # the lookups each row asks every step, by their name in the statistics (no passes of their own)
+        self.lookups: dict[str, NgramDrafter | DatastoreLookup] = {
+            name: c for name, c in (("pld", lookup), ("rest", retrieval)) if c is not None
+        }
         # arms started only when a row first chooses them (an SSM's set-up runs its LM head over
         # the whole context, EAGLE's its head: a cost every request paid at admission, chosen or
         # not; 7.5 ms a request for EAGLE in bf16, 16 of them at once at a server's 16 clients)
@@ -97,7 +100,7 @@ class AutoDrafter(DrafterHooks):
 
     @property
     def max_nodes(self) -> int:
-        chains = [c.max_nodes + 1 for c in (self.lookup, self.retrieval) if c is not None]
+        chains = [c.max_nodes + 1 for c in self.lookups.values()]
         return max([0, *chains, *(arm.max_nodes for arm in self.arms.values())])
 
     def begin(self, prompts: list[list[int]], max_len: int, features: torch.Tensor | None = None) -> None:
@@ -118,37 +121,27 @@ class AutoDrafter(DrafterHooks):
         self.batch = batch
 
     def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]:
-        t0 = time.perf_counter()
-        chains, matched = None, []
-        if self.lookup is not None:
-            chains = []
-            for seq in sequences:
-                chains.append(self.lookup.propose(seq))
-                matched.append(self.lookup.matched)  # the context of its statistics: a longer match, a surer chain
-            self.stats.observe_draft("pld", (time.perf_counter() - t0) / len(sequences), len(sequences))
-        if self.retrieval is not None and not self.stats.offers("rest"):
-            self.retrieval = None  # retired for the engine (``policy.auto``): no more lookups
-        found, agreed = None, []
-        if self.retrieval is not None:
-            t1, found = time.perf_counter(), []
-            for seq in sequences:
-                found.append(self.retrieval.propose(seq))
-                agreed.append(self.retrieval.matched)  # its statistics' context: suffix length, agreement
-            self.stats.observe_draft("rest", (time.perf_counter() - t1) / len(sequences), len(sequences))
+        for name in [name for name in self.lookups if not self.stats.offers(name)]:
+            del self.lookups[name]  # retired for the engine (``policy.auto``): no more lookups
+        found: dict[str, list[tuple[DraftTree, int]]] = {}  # lookup -> per row: (its chain, its context)
+        for name, lookup in self.lookups.items():
+            t0 = time.perf_counter()
+            # the context of its statistics: how long a suffix matched (a datastore's: and how many agreed)
+            found[name] = [(lookup.propose(seq), lookup.matched) for seq in sequences]
+            self.stats.observe_draft(name, (time.perf_counter() - t0) / len(sequences), len(sequences))
         for name in [name for name in self.arms if not self.stats.offers(name)]:
             del self.arms[name]
             self.started.discard(name)
         options = []
         for b in range(len(sequences)):
             options.append([Option(name, self.sizes[name]) for name in self.arms])
-            if chains is not None and len(chains[b].tokens) > 1:
-                options[b].append(Option("pld", len(chains[b].tokens) - 1, matched[b]))
-            if found is not None and len(found[b].tokens) > 1:
-                options[b].append(Option("rest", len(found[b].tokens) - 1, agreed[b]))
+            for name, rows in found.items():
+                chain, context = rows[b]
+                if len(chain.tokens) > 1:
+                    options[b].append(Option(name, len(chain.tokens) - 1, context))
         self.choices = choose_group(self.stats, self.rows, options, self.batch)
-        offered = [*self.arms, "rest"] if found is not None else list(self.arms)
         for c in self.choices:
-            self.stats.tally(offered, c)
+            self.stats.tally([*self.arms, *self.lookups], c)
         drafted = {}
         for name, arm in self.arms.items():
             widths = [c.width for c in self.choices if c.drafter == name]
@@ -169,18 +162,16 @@ class AutoDrafter(DrafterHooks):
         for b, (seq, c) in enumerate(zip(sequences, self.choices)):
             if c.drafter == "ar":
                 prop = Proposal.root_only(seq[-1])
-            elif c.drafter == "pld":
-                prop = merge(seq[-1], [chains[b]]).cut(c.width)
-            elif c.drafter == "rest":
-                prop = merge(seq[-1], [found[b]]).cut(c.width)
+            elif c.drafter in found:
+                prop = merge(seq[-1], [found[c.drafter][b][0]]).cut(c.width)
             else:  # a drawn tree is verified whole: which draws are kept must not depend on their values
                 prop = drafted[c.drafter][b]
                 prop = prop.cut(c.width) if self.greedy else prop
             prop.source = c.drafter
-            if c.drafter != "pld" and chains is not None and len(chains[b].tokens) > 1:
-                self.shadows[b].append(Shadow(("pld", matched[b]), chains[b].tokens[1:]))
-            if c.drafter != "rest" and found is not None and len(found[b].tokens) > 1:
-                self.shadows[b].append(Shadow(("rest", agreed[b]), found[b].tokens[1:]))
+            for name, rows in found.items():
+                chain, context = rows[b]
+                if c.drafter != name and len(chain.tokens) > 1:
+                    self.shadows[b].append(Shadow((name, context), chain.tokens[1:]))
             if self.greedy:  # the batch budget may cut it further: what each width is expected to commit
                 rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
                 prop.gains = list(accumulate(rates, initial=1.0))
