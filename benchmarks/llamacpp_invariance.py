@@ -3,6 +3,10 @@ batch can be lossless, and whether a row's `ar` tokens depend on the batch)
 
     python benchmarks/llamacpp_invariance.py [--gguf FILE] [--out benchmarks/results/llamacpp_invariance]
 
+The answer depends on the build: the default one (llamafile's GEMM in it) is not exact for chains,
+one built with CMAKE_ARGS='-DGGML_LLAMAFILE=OFF' is (``paradec.models.runtime.chains_exact`` checks
+the installed build at load).
+
 For flash attention on and off and contexts of 100-700 tokens it compares, bit for bit:
 - chain: W tokens of ONE sequence in one batch (a verified draft chain) against W single-token
   passes (`ar`);
@@ -138,7 +142,16 @@ def main() -> None:
         )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "results.json").write_text(
-        json.dumps({"gguf": Path(gguf).name, "llama_cpp_python": lib.__version__, "rows": out}, indent=1) + "\n"
+        json.dumps(
+            {
+                "gguf": Path(gguf).name,
+                "llama_cpp_python": lib.__version__,
+                "build": lib.llama_print_system_info().decode().strip(),  # LLAMAFILE = 1: llamafile's GEMM in it
+                "rows": out,
+            },
+            indent=1,
+        )
+        + "\n"
     )
 
 

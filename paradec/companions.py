@@ -31,6 +31,7 @@ class Companion:
     many: bool = False  # several paths (the flag repeats); the zoo's pool, of which a command takes the first
     present: Callable[[Any], bool] | None = None  # (the engine) -> is it there (None: loaded under its name)
     fix: str = ""  # how to get it, where it is no file of its own
+    backends: tuple[str, ...] = ("torch",)  # the target runtimes it loads beside (a token table: any)
 
     def there(self, target) -> bool:
         if self.present is not None:

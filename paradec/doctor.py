@@ -110,6 +110,7 @@ def _backend(model, model_dir: Path, torch_cost, remeasure: bool):
     from paradec.config import ModelConfig
     from paradec.models.gguf import is_gguf
     from paradec.models.llamacpp import INSTALL, LlamaCppModel, available, crashes, llamacpp_cost
+    from paradec.models.runtime import EXACT_BUILD, chains_exact
 
     if not is_gguf(model):
         return "torch (llama.cpp runs GGUF files; this model is a directory)", None
@@ -122,8 +123,13 @@ def _backend(model, model_dir: Path, torch_cost, remeasure: bool):
     cost, _, _ = llamacpp_cost(lc, paradec_home(), remeasure)
     ms, torch_ms = cost.predict(1) * 1e3, torch_cost.predict(1) * 1e3
     pick = "llamacpp" if ms < torch_ms else "torch"
+    drafting = (
+        "this build verifies chains exactly: pld, rest and auto's lookups run there too"
+        if chains_exact(lc, paradec_home())
+        else f"drafting methods run on torch (this build's batched logits are not its single-token ones; {EXACT_BUILD})"
+    )
     return (
-        f"auto, for `ar`: {pick} (llama.cpp's `ar` step {ms:.0f} ms, torch's {torch_ms:.0f} ms); drafting "
-        "methods run on torch (llama.cpp's batched logits are not its single-token ones); a llama.cpp pass of "
+        f"auto, for `ar`: {pick} (llama.cpp's `ar` step {ms:.0f} ms, torch's {torch_ms:.0f} ms); {drafting}; "
+        "a llama.cpp pass of "
         f"2 / 4 / 8 tokens costs {' / '.join(f'{cost.relative(w):.2f}' for w in (2, 4, 8))} of its `ar` steps"
     ), cost

@@ -27,11 +27,11 @@ from paradec.draft import Drafter, NgramDrafter, TreeDrafter
 from paradec.draft.ngram import PLD_DRAFT
 from paradec.errors import ParadecError
 from paradec.models import Transformer, load_model
-from paradec.models.gguf import is_gguf, resolve_model
+from paradec.models.gguf import is_gguf, paradec_home, resolve_model
 from paradec.models.llamacpp import BACKENDS, LlamaCppModel
 from paradec.models.llamacpp import available as llamacpp_available
 from paradec.models.quant import QUANTS, pack_linears, quantize_linears
-from paradec.models.runtime import AUTO_MARGIN, check_llamacpp, llamacpp_choice, llamacpp_runs
+from paradec.models.runtime import AUTO_MARGIN, chains_exact, check_llamacpp, llamacpp_choice, llamacpp_runs
 from paradec.policy import TreePolicy
 from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
@@ -140,7 +140,7 @@ class Engine:
         vocab = self.model.config.vocab_size
         ids = [t % vocab for t in (11, 12, 13) * 4]
         self.generate(ids, max_new_tokens=2, ignore_eos=True)
-        if self.model.backend == "torch":
+        if self.model.backend == "torch" or self.model.exact_chains:
             per_match, most = PLD_DRAFT[self.quant]
             lookup = TreeDrafter([], NgramDrafter(4, most, 1, per_match=per_match))
             self.generate(ids, drafter=lookup, max_new_tokens=4, ignore_eos=True)
@@ -278,8 +278,15 @@ def load(
     measured = cost is None and choice.cost is not None and choice.cost.measured
     key = whole_key(choice.name, quant_head, pack, exact)
     engine, whole = None, cached_curve(key, choice.profile_path) if measured else None  # the model's own passes
+    lc = None
     if wanted and llamacpp_runs(source, asked, threads):  # llama.cpp where it may run and measures faster
         lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
+        chains_exact(lc, paradec_home())
+        refused = [methods.get(m) for m in methods_used or () if not methods.get(m).runs_on(lc)]
+        if refused and asked == "llamacpp":
+            raise refused[0].inexact_error()
+        lc = None if refused else lc  # auto: torch runs them exactly
+    if lc is not None:
         if asked == "auto" and measured and whole is None:  # whole passes against whole passes
             engine = _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack, prefill)
             whole = whole_curve(engine.model, key, choice.profile_path)
@@ -287,6 +294,9 @@ def load(
         lc_choice = llamacpp_choice(lc, compared, asked, AUTO_MARGIN if optional else 1.0)
         if lc_choice is not None:
             engine = Engine(lc, load_tokenizer(model_dir, lc.config.eos_token_ids), model_dir)
+            for c in companions.loadable():  # the ones that load beside llama.cpp's runtime (a datastore)
+                if c.name in given and "llamacpp" in c.backends:
+                    engine.load_companion(c.name, given[c.name])
             return _finish_load(engine, lc_choice, cost, batch_budget, warmup)
     engine = engine or _engine_on_torch(model_dir, choice, device, exact, quant_head, given, pack, prefill)
     if measured:
@@ -327,7 +337,7 @@ def _torch_only(
     """What was asked for that only paradec's torch runtime runs (llama.cpp runs `ar` alone);
     ``optional``: the companions are ones the methods only use (auto), not needs."""
     asks = {
-        **{name: not optional for name in given},
+        **{name: not optional and "llamacpp" not in companions.get(name).backends for name in given},
         "dtype": dtype != "auto",
         "quant": quant != "auto" or quant_head is not None,
         "device": device != "cpu",

@@ -131,14 +131,11 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
     """Every loaded lossless drafter as an option of ``policy.auto``'s choice, each at its fixed
     size (auto cuts it); the statistics describe this model on this machine, so they are kept
     across calls (``deterministic``: this call's alone, and no timings)."""
-    if target.model.backend != "torch":  # llama.cpp's runtime verifies no trees: `ar`
-        return AutoDrafter({}, {}, None, AutoStats(frozen=True), gen.sampling)
+    if target.model.backend != "torch":  # llama.cpp's runtime: chains only, and only where they are exact
+        return _auto_lookups(target, gen) if target.model.exact_chains else _root_auto(gen)
     fixed = gen.with_option(TreeOptions, dynamic=False).with_option(PruneOptions, prune=False)
     fixed = fixed.with_option(LookupOptions, with_ngram=False)
-    if gen.deterministic:
-        stats = AutoStats(target.cost, frozen=True)
-    else:
-        stats = target.policies.setdefault(("auto",), AutoStats(target.cost))
+    stats = _auto_stats(target, gen)
     arms: dict[str, Drafter] = {}
     sizes: dict[str, int] = {}
     loaded, tree_nodes = target.companions, gen.option(TreeOptions).tree_nodes
@@ -150,10 +147,7 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
     if loaded.get("drafts") and stats.offers("specinfer"):
         arms["specinfer"] = specinfer(target, fixed)
         sizes["specinfer"] = arms["specinfer"].max_nodes
-    per_match, most = PLD_DRAFT["none"]  # the longest chains: auto verifies what pays of them
-    lookup = NgramDrafter(gen.option(LookupOptions).max_ngram, most, 1, per_match=per_match)
-    store = loaded.get("datastore")
-    retrieval = DatastoreLookup(store, REST_DRAFT["none"]) if store is not None and stats.offers("rest") else None
+    lookup, retrieval = _lookups(target, gen, stats)
     return AutoDrafter(
         arms,
         sizes,
@@ -164,6 +158,34 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
         featured=frozenset({"eagle"}),
         retrieval=retrieval,
     )
+
+
+def _root_auto(gen: GenerationConfig) -> AutoDrafter:
+    """`auto` with nothing to offer: `ar`."""
+    return AutoDrafter({}, {}, None, AutoStats(frozen=True), gen.sampling)
+
+
+def _auto_lookups(target: Target, gen: GenerationConfig) -> AutoDrafter:
+    """`auto` on a runtime that verifies chains only (llama.cpp's): prompt lookup and the datastore."""
+    stats = _auto_stats(target, gen)
+    lookup, retrieval = _lookups(target, gen, stats)
+    return AutoDrafter({}, {}, lookup, stats, gen.sampling, retrieval=retrieval)
+
+
+def _auto_stats(target: Target, gen: GenerationConfig) -> AutoStats:
+    """What `auto` knows of this model on this machine, kept across calls (``deterministic``: this call's alone)."""
+    if gen.deterministic:
+        return AutoStats(target.cost, frozen=True)
+    return target.policies.setdefault(("auto",), AutoStats(target.cost))
+
+
+def _lookups(target: Target, gen: GenerationConfig, stats: AutoStats) -> tuple[NgramDrafter, DatastoreLookup | None]:
+    """`auto`'s chains: prompt lookup's and the datastore's, their longest (auto verifies what pays of them)."""
+    per_match, most = PLD_DRAFT["none"]
+    lookup = NgramDrafter(gen.option(LookupOptions).max_ngram, most, 1, per_match=per_match)
+    store = target.companions.get("datastore")
+    retrieval = DatastoreLookup(store, REST_DRAFT["none"]) if store is not None and stats.offers("rest") else None
+    return lookup, retrieval
 
 
 def aspd(engine, prompts: list[list[int]], gen: GenerationConfig) -> list:
@@ -263,6 +285,7 @@ for _c in (
         "datastore for rest (and auto): a directory `paradec train datastore` wrote",
         lambda target, path: Datastore.load(path),
         zoo_datastore,
+        backends=("torch", "llamacpp"),
     ),
     Companion(
         "early_head",

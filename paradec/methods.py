@@ -30,6 +30,7 @@ from paradec.draft.model import SsmOptions
 from paradec.draft.ngram import LookupOptions
 from paradec.errors import ParadecError
 from paradec.factories import Target
+from paradec.models.runtime import EXACT_BUILD
 from paradec.options import Option, build, options_of
 from paradec.parallel.generate import AspdOptions
 from paradec.zoo import bundled_aspd
@@ -48,8 +49,10 @@ class Method:
     presets: Mapping[str, object] = field(default_factory=dict)  # its values for some of them
     acceptors: tuple[str, ...] = ACCEPTORS  # sampling acceptors it supports (greedy: always exact match)
     lossless: bool = True  # greedy output == `ar`'s; sampled output distributed as the target's
-    # the target runtimes it runs on: llama.cpp's runs `ar` only (models.llamacpp: its batches are not exact)
+    # the target runtimes it runs on: llama.cpp's runs `ar`, `auto` (there: `ar` and the lookups) and
+    # the chain drafters, these where its build verifies a chain exactly (models.llamacpp)
     backends: tuple[str, ...] = ("torch",)
+    exact_chains_only: bool = False  # on llama.cpp, only where its chains are exact (``runtime.chains_exact``)
     same_tokens_as: str | None = None  # lossless against this method of the same model (not `ar`)
     model: Callable[[], Path] | None = None  # the zoo's model for it where none is given (ASPD's adapter)
     # shown by `paradec demo`, with these options (None: not shown; the demo shows each system once)
@@ -78,9 +81,21 @@ class Method:
         needs = list(self.needs) + [n for o in (gen.options if gen else ()) if hasattr(o, "needs") for n in o.needs()]
         return [n for n in dict.fromkeys(needs) if not companions.get(n).there(target)]
 
+    def runs_on(self, model) -> bool:
+        """Whether this method runs on ``model``'s runtime (llama.cpp's: as its build allows)."""
+        exact = getattr(model, "exact_chains", True)
+        return model.backend in self.backends and (exact or not self.exact_chains_only)
+
+    def inexact_error(self) -> ParadecError:
+        return ParadecError(
+            f"method {self.name} drafts chains that this llama.cpp build does not verify exactly (its "
+            f"batched logits are not its single-token ones, so a draft could change the text); "
+            f"{EXACT_BUILD}, or load the model with backend=torch (--backend torch)"
+        )
+
     def available(self, target: Target) -> bool:
         """Whether ``target`` can run this method: its runtime, and everything it needs loaded."""
-        return target.model.backend in self.backends and not self.missing(target)
+        return self.runs_on(target.model) and not self.missing(target)
 
     def check(self, target: Target, gen: GenerationConfig) -> None:
         """Raise a ``ParadecError`` naming what is missing for this call."""
@@ -88,9 +103,11 @@ class Method:
         if backend not in self.backends:
             raise ParadecError(
                 f"method {self.name} runs on the {' or '.join(self.backends)} backend, not {backend} "
-                f"(llama.cpp's batched logits are not its single-token ones, so a draft verified "
-                f"there could change the text); load the model with backend=torch (--backend torch)"
+                f"(its drafts are trees or need the target's hidden states, which llama.cpp's runtime "
+                f"does not give); load the model with backend=torch (--backend torch)"
             )
+        if not self.runs_on(target.model):
+            raise self.inexact_error()
         missing = self.missing(target, gen)
         if missing:
             raise companions.get(missing[0]).error(self.name)
@@ -247,6 +264,8 @@ for _m in (
         "prompt lookup: continuations of the longest suffix match in the context",
         drafter=factories.pld,
         options=LOOKUP,
+        backends=BOTH,
+        exact_chains_only=True,
         demo={},
     ),
     Method(
@@ -255,6 +274,8 @@ for _m in (
         drafter=factories.rest,
         needs=("datastore",),
         options=(DatastoreOptions,),
+        backends=BOTH,
+        exact_chains_only=True,
     ),
     Method(
         "medusa",

@@ -239,7 +239,7 @@ def test_bench_quant_suffix_and_llamacpp_peer(tmp_path):
         if "@" in r["method"]:
             assert r["identical_to_ar"] is True  # vs ar@int4, ar@fp32
     assert next(r for r in records if r["method"] == "oracle@fp32")["tau"] > 3  # it knew fp32's text
-    for bad in ("oracle@llamacpp", "hf@int4"):
+    for bad in ("hf@llamacpp", "eagle@llamacpp", "hf@int4"):  # a peer, or a method that runs on torch only
         with pytest.raises(ParadecError, match=bad.replace("+", "[+]")):
             BenchConfig(model=str(model), prompts=str(prompts), methods=(bad,), out=str(tmp_path / "bad"))
 

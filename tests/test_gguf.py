@@ -289,7 +289,7 @@ def test_a_llamacpp_build_that_kills_its_process_is_refused_with_the_fix(tiny_gg
 
     path, _ = tiny_gguf
     monkeypatch.setattr(llamacpp, "PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
-    monkeypatch.setattr(llamacpp, "_build_id", lambda: "test")
+    monkeypatch.setattr(llamacpp, "build_id", lambda: "test")
     monkeypatch.setattr(engine_mod, "llamacpp_available", lambda: True)
     with pytest.raises(ParadecError, match="SIGILL.*CMAKE_ARGS.*backend=torch"):
         paradec.load(path, backend="llamacpp")

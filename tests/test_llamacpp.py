@@ -1,6 +1,7 @@
 """llama.cpp as the target's runtime (models.llamacpp): its `ar` is llama.cpp's own greedy
 decoding token for token, a row's tokens do not depend on the batch (a long prompt's chunked
-prefill included), and what it cannot run exactly is refused with the fix. Needs
+prefill included), the chain drafters leave `ar`'s tokens where the build verifies chains
+exactly, and what it cannot run exactly is refused with the fix. Needs
 llama-cpp-python and the bundled GGUF."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 import paradec
 from paradec import scheduler
@@ -69,17 +71,66 @@ def test_sampling_is_seeded(engine):
 
 
 def test_what_it_cannot_run_exactly_is_refused(engine, tmp_path):
-    for method in ("pld", "eagle"):  # a drafted token verified in a llama.cpp batch could change the text
-        with pytest.raises(ParadecError, match="backend=torch"):
-            engine.generate("x", method=method)
+    with pytest.raises(ParadecError, match="backend=torch"):  # a tree, from the target's hidden states
+        engine.generate("x", method="eagle")
     with pytest.raises(ParadecError, match="cannot take quant"):
         paradec.load(default_gguf(), backend="llamacpp", quant="int4")
-    with pytest.raises(ParadecError, match="cannot take method pld"):
-        paradec.load(default_gguf(), backend="llamacpp", methods_used=("pld",))
+    with pytest.raises(ParadecError, match="cannot take method eagle"):
+        paradec.load(default_gguf(), backend="llamacpp", methods_used=("eagle",))
     with pytest.raises(ParadecError, match="GGUF file"):
         paradec.load(tmp_path, backend="llamacpp")
     with pytest.raises(ParadecError, match="unknown backend"):
         paradec.load(default_gguf(), backend="vulkan")
+
+
+def test_chain_drafters_run_only_where_this_build_verifies_chains_exactly(engine, monkeypatch):
+    """pld and rest on llama.cpp: `ar`'s tokens where the build's chains are exact (it is measured
+    at load: a build without llamafile's GEMM), refused with the rebuild where they are not."""
+    from paradec.draft.datastore import Datastore
+    from paradec.zoo import zoo_datastore
+
+    store = zoo_datastore(default_gguf())  # a token table: it loads beside llama.cpp's runtime
+    monkeypatch.setitem(engine.companions, "datastore", Datastore.load(store))
+    monkeypatch.setattr(engine, "budget", None)  # every chain verified whole: drafting, whatever the CPU's speed
+    ids = engine.tokenizer.encode_messages(PROMPTS[0])
+    ar = engine.generate(ids, max_new_tokens=48, ignore_eos=True)
+    if engine.model.exact_chains:
+        for method in ("pld", "rest", "auto"):
+            g = engine.generate(ids, method=method, max_new_tokens=48, ignore_eos=True)
+            assert g.token_ids == ar.token_ids, method
+        assert engine.generate(ids, method="pld", max_new_tokens=48, ignore_eos=True).stats.steps < 48
+        loaded = paradec.load(default_gguf(), backend="llamacpp", methods_used=("rest",), datastore=store)
+        assert loaded.model.backend == "llamacpp" and loaded.companions["datastore"] is not None
+    else:
+        with pytest.raises(ParadecError, match="GGML_LLAMAFILE=OFF"):
+            paradec.load(default_gguf(), backend="llamacpp", methods_used=("rest",), datastore=store)
+    monkeypatch.setattr(engine.model, "exact_chains", False)  # a build whose chains are not exact
+    for method in ("pld", "rest"):
+        with pytest.raises(ParadecError, match="GGML_LLAMAFILE=OFF"):
+            engine.generate(ids, method=method)
+    auto = engine.generate(ids, method="auto", max_new_tokens=48, ignore_eos=True)  # `ar` there
+    assert auto.token_ids == ar.token_ids and auto.stats.steps == 48
+
+
+def test_the_exactness_probe_sees_a_chain_one_ulp_off(engine, monkeypatch, tmp_path):
+    """``runtime.chains_exact`` compares chains with single-token passes bit for bit: logits of a
+    batch of several tokens moved by one unit in the last place make it False; its answer is
+    cached per CPU, build and file."""
+    from paradec.models import llamacpp, runtime
+
+    real = llamacpp._Context.decode
+
+    def off(self, items):
+        logits = real(self, items)
+        return torch.nextafter(logits, logits + 1) if len(items) > 1 and all(out for *_, out in items) else logits
+
+    model = engine.model
+    assert runtime.chains_exact(model, tmp_path / "a") == model.exact_chains
+    monkeypatch.setattr(llamacpp._Context, "decode", off)
+    assert runtime.chains_exact(model, tmp_path / "b") is False
+    monkeypatch.setattr(llamacpp._Context, "decode", real)
+    assert runtime.chains_exact(model, tmp_path / "b") is False  # cached
+    assert len(list((tmp_path / "b" / "profiles").glob("*-llamacpp-chains-*.json"))) == 1
 
 
 def test_method_auto_runs_on_llamacpp_only_where_its_ar_step_is_over_2x_cheaper():
@@ -112,5 +163,5 @@ def test_auto_takes_llamacpp_for_ar_only_where_it_is_cheaper():
         assert engine.format.cost.predict(1) < engine.format.against.predict(1)
     else:
         assert engine.format.against is None
-    for kwargs in ({"methods_used": ("ar", "pld")}, {}, {"methods_used": ("ar",), "quant": "int4"}):
+    for kwargs in ({"methods_used": ("ar", "eagle")}, {}, {"methods_used": ("ar",), "quant": "int4"}):
         assert paradec.load(default_gguf(), backend="auto", warmup=False, **kwargs).model.backend == "torch"

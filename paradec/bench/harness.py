@@ -80,7 +80,8 @@ class BenchConfig:
             raise ParadecError("@llamacpp runs a GGUF file with llama.cpp; pass model=FILE.gguf")
         for m in self.methods:
             base, runtime = split_method(m)
-            if runtime == "llamacpp" and (base in PEERS or "llamacpp" not in methods.get(base).backends):
+            on_llamacpp = base == "oracle" if base in PEERS else "llamacpp" in methods.get(base).backends
+            if runtime == "llamacpp" and not on_llamacpp:  # the oracle's chains verify there too
                 raise ParadecError(f"{base} runs on the torch backend only; drop @llamacpp from {m}")
         if any("gguf" in method_needs(m) for m in self.methods) and not self.model.endswith(".gguf"):
             raise ParadecError("llamacpp runs a GGUF file; pass model=FILE.gguf")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from paradec import methods
+from paradec import companions, methods
 from paradec.bench.peers import PEERS, HFPeer, LlamaCppPeer, method_needs, own_loop, split_method
 from paradec.config import AcceptConfig
 from paradec.draft.oracle import OracleDrafter
@@ -40,8 +40,9 @@ def _engines(cfg, model_dir) -> dict:
     for q in (q for q in quants if q != "llamacpp"):
         dtype, quant = (q, "none") if q in ("bf16", "fp32") else (cfg.dtype, q)  # bf16/fp32: the weights as they are
         engines[q] = load(model_dir, backend="torch", **{**same, "dtype": dtype}, quant=quant)
-    if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is
-        engines["llamacpp"] = load(cfg.model, threads=cfg.threads, batch_budget=budget, backend="llamacpp")
+    if "llamacpp" in quants:  # llama.cpp's kernels on the GGUF file as it is, with what loads beside them
+        there = {k: v for k, v in loaded.items() if "llamacpp" in companions.get(k).backends}
+        engines["llamacpp"] = load(cfg.model, threads=cfg.threads, batch_budget=budget, backend="llamacpp", **there)
     return engines
 
 

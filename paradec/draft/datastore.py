@@ -36,8 +36,8 @@ MIN_NGRAM = 2  # the shortest: one token matches almost anywhere and predicts li
 SAMPLE = 512  # matches read per step of a chain at most (evenly spaced over the range): bounded time
 FORMAT = 1  # datastore.json's version
 # the longest chain by weight format, as prompt lookup's (``ngram.PLD_DRAFT``): a bf16 pass verifies
-# 8 tokens for about the price of one, the packed int kernels' cost grows with the rows
-REST_DRAFT = {"none": 8, "int8": 4, "int4": 4}
+# 8 tokens for about the price of one, the packed int kernels' (and llama.cpp's) cost grows with the rows
+REST_DRAFT = {"none": 8, "int8": 4, "int4": 4, "gguf": 4}
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,21 @@ It is a second implementation of what the scheduler asks of a target (``backend 
     prefill(prompts, cache)       -> every token but the root of each row into its sequence
     verify(trees, cache)          -> logits [batch, width, vocab] of one llama.cpp batch
 
-Only ``ar`` runs on it (``methods.Method.backends``), because of what was measured on the bundled
-SmolLM2 Q4_1 GGUF (AVX2, llama-cpp-python 0.3.36; ``benchmarks/llamacpp_invariance.py``):
+It runs `ar`, and the methods whose drafts are chains (``methods.Method.exact_chains_only``) where
+this build verifies a chain exactly (``runtime.chains_exact``, measured at load). What was measured
+on the bundled SmolLM2 Q4_1 GGUF (llama-cpp-python 0.3.36; ``benchmarks/llamacpp_invariance.py``):
 
-- a chain of 2-8 tokens of one sequence verified in one batch does NOT give the logits of 2-8
-  single-token passes: with flash attention equal up to a 200-token context and off by 0.6-1.1
-  from 300 tokens; without it off by 0.3-0.9 at almost every context and width. llama.cpp's
-  kernels take other paths for several queries of one sequence. Prompt lookup verified this way
-  left `ar`'s tokens on 4 of 26 Spec-Bench prompts (the 4 longer than 512 tokens), so no
-  drafting method is lossless here;
+- with llamafile's GEMM in the build (``GGML_LLAMAFILE``, on by default), a chain of 2-16 tokens of
+  one sequence in one batch does NOT give the logits of 2-16 single-token passes (off by 0.3-0.9
+  without flash attention at every context; with it, from 300 tokens): the attention's f16
+  products take llamafile's GEMM for several queries and ggml's dot products for one. Built
+  without it (``-DGGML_LLAMAFILE=OFF``; AVX-512 Xeon), every chain of 2-16 at contexts 100-700 is
+  bit-equal to its single-token passes, and so drafts verified there leave `ar`'s text unchanged;
 - one token in each of 4 sequences (the server's `ar` batch) gives each row its single-token
   logits bit for bit **without** flash attention (contexts of 100-700), and not with it (off by
-  0.6-0.8 from 300 tokens). So flash attention is off: a row's tokens do not depend on the batch,
-  and an `ar` step costs the same (18.4-18.7 ms against 19.0-20.0 with it, 256-500 tokens).
+  0.6-0.8 from 300 tokens: one query's attention splits the cache across threads past 512
+  cells). So flash attention is off, and ggml's tiled K-quant GEMM (taken from 8 rows a batch)
+  too (``GGML_CPU_TILED_MM=0``): a row's tokens do not depend on the batch.
 
 Each row has its own KV stream (``kv_unified`` off). A pass writes each row's root; the commit
 keeps it (``seq_rm`` of anything past the committed length).
@@ -31,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -62,7 +65,10 @@ from paradec.tree import TokenTree
 
 BACKENDS = ("auto", "torch", "llamacpp")  # what ``paradec.load(backend=...)`` takes
 BATCH = 512  # tokens per llama_decode call (a longer prefill is cut into pieces of this)
-INSTALL = "pip install -e '.[llamacpp]' (it builds llama.cpp from source, ~10-40 minutes on 2 cores)"
+INSTALL = (  # without llamafile's GEMM, this build verifies drafted chains exactly (module docstring)
+    "CMAKE_ARGS='-DGGML_LLAMAFILE=OFF' pip install -e '.[llamacpp]' "
+    "(it builds llama.cpp from source, ~10-40 minutes on 2 cores)"
+)
 
 
 def available() -> bool:
@@ -96,7 +102,7 @@ def crashes(gguf: str | Path, threads: int, home: Path) -> str | None:
     with SIGILL and would take paradec with it: seen with a native build on an AMX Xeon VM, whose
     AMX tiles are refused in llama.cpp's worker threads on any batch of 2+ tokens.
     -> None, or one line: what happened and the fix."""
-    path = home / "profiles" / f"{cpu_info().key()}-llamacpp-probe-{_build_id()}.json"
+    path = home / "profiles" / f"{cpu_info().key()}-llamacpp-probe-{build_id()}.json"
     try:
         return json.loads(path.read_text())["crash"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -120,7 +126,7 @@ def crashes(gguf: str | Path, threads: int, home: Path) -> str | None:
     return crash
 
 
-def _build_id() -> str:
+def build_id() -> str:
     """llama-cpp-python's version and its shared libraries' sizes and times: a rebuild is a new build."""
     import llama_cpp
 
@@ -130,6 +136,9 @@ def _build_id() -> str:
 
 
 def _lib():
+    # before llama.cpp's first matmul reads it: the tiled K-quant GEMM (from 8 rows a batch) sums
+    # in another order than the dot products of fewer rows, so a row's logits would depend on the batch
+    os.environ.setdefault("GGML_CPU_TILED_MM", "0")
     try:
         import llama_cpp
     except ImportError:
@@ -146,6 +155,7 @@ class LlamaCppModel:
     """A GGUF file loaded by llama.cpp. ``config``: the file's shapes (from its HF conversion)."""
 
     backend = "llamacpp"
+    exact_chains = False  # whether this build verifies a chain exactly (``runtime.chains_exact`` sets it)
 
     def __init__(self, gguf: str | Path, config: ModelConfig, threads: int) -> None:
         lib = _lib()
@@ -193,8 +203,8 @@ class LlamaCppModel:
 
     def verify(self, trees: list, cache: LlamaCppCache) -> torch.Tensor:
         """One pass over each row's chain (root first) -> logits [batch, width, vocab] float32
-        (a shorter chain's rows past its end are zeros). A chain's logits are not its single-token
-        ones here (module docstring): the methods that draft do not run on this backend."""
+        (a shorter chain's rows past its end are zeros). Whether a chain's logits are its
+        single-token ones depends on the build (module docstring; ``exact_chains``)."""
         if any(any(p != i - 1 for i, p in enumerate(t.parents)) for t in trees):
             raise ParadecError("the llamacpp backend verifies chains only; this method's trees need backend=torch")
         width = max(len(t) for t in trees)

@@ -1,27 +1,42 @@
 """Which runtime runs the target: the checks and the measured choice behind ``load(backend=...)``.
 
-llama.cpp's kernels (``models.llamacpp``) run a GGUF file as it is, `ar` only; paradec's torch
-runtime runs every method. ``load`` asks ``llamacpp_runs`` (does llama.cpp's build run on this
-CPU without killing the process), ``check_llamacpp`` (was backend=llamacpp asked for something
-only torch runs) and ``llamacpp_choice`` (do llama.cpp's measured passes beat torch's).
+llama.cpp's kernels (``models.llamacpp``) run a GGUF file as it is: `ar`, and the chain drafters
+where its batches are exact; paradec's torch runtime runs every method. ``load`` asks
+``llamacpp_runs`` (does llama.cpp's build run on this CPU without killing the process),
+``check_llamacpp`` (was backend=llamacpp asked for something only torch runs), ``chains_exact``
+(are this build's batched chains its single-token passes, bit for bit) and ``llamacpp_choice``
+(do llama.cpp's measured passes beat torch's).
 """
 
 from __future__ import annotations
 
+import json
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from paradec.cpu import FormatChoice, ParadecWarning
+from paradec.cpu import FormatChoice, ParadecWarning, _write_json, cpu_info
 from paradec.errors import ParadecError
-from paradec.models.gguf import is_gguf, paradec_home
-from paradec.models.llamacpp import LlamaCppModel, crashes, llamacpp_cost
+from paradec.models.gguf import file_digest, is_gguf, paradec_home
+from paradec.models.llamacpp import LlamaCppModel, build_id, crashes, llamacpp_cost
 
 # `auto` runs on llama.cpp's kernels (as `ar`) when their `ar` step is this many times cheaper than
 # torch's: the most auto's drafters gained over `ar` in benchmarks/README.md is below it
 AUTO_MARGIN = 2.0
+# chain lengths (root included) the exactness probe verifies: every one a drafter proposes by
+# default (up to 17), then the longest a tree may be (MAX_TREE_NODES + the root)
+PROBE_WIDTHS = (*range(2, 18), 33, 65)
+# contexts it verifies them at: one KV page, and past 512 cells, where llama.cpp's one-query
+# flash attention splits the cache across threads (it runs with flash attention off: checked anyway)
+PROBE_CONTEXTS = (40, 600)
+# how to get a build whose chains are exact: llamafile's GEMM (``GGML_LLAMAFILE``) takes other
+# accumulation orders for several queries of one sequence than ggml's one-query dot products
+EXACT_BUILD = (
+    "reinstall llama-cpp-python without llamafile's GEMM: CMAKE_ARGS='-DGGML_LLAMAFILE=OFF' "
+    "pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python"
+)
 
 
 def llamacpp_runs(source: Path, asked: str, threads: int | None) -> bool:
@@ -61,3 +76,42 @@ def llamacpp_choice(lc: LlamaCppModel, choice: FormatChoice, asked: str, margin:
     return replace(
         choice, name="gguf", quant="gguf", cost=lc_cost, reason=reason, profile_path=lc_path, against=against
     )
+
+
+def chains_exact(model: LlamaCppModel, home: Path) -> bool:
+    """Whether this llama.cpp build verifies a chain exactly: W tokens of one sequence in one batch
+    give, bit for bit, the logits of W single-token passes (`ar`), for every W in PROBE_WIDTHS at
+    every context in PROBE_CONTEXTS, and two rows' chains in one batch each row's alone. Then a
+    chain drafter's greedy output on llama.cpp is `ar`'s there. Measured once per CPU signature,
+    build and GGUF file (~5 s), cached under ``home/profiles``; ``model.exact_chains`` is set."""
+    path = home / "profiles" / f"{cpu_info().key()}-llamacpp-chains-{build_id()}-{file_digest(model.path)}.json"
+    try:
+        model.exact_chains = bool(json.loads(path.read_text())["exact"])
+        return model.exact_chains
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    model.exact_chains = all(_chains_equal(model, context) for context in PROBE_CONTEXTS)
+    _write_json(path, {"cpu": asdict(cpu_info()), "gguf": model.path.name, "exact": model.exact_chains})
+    return model.exact_chains
+
+
+def _chains_equal(model: LlamaCppModel, context: int) -> bool:
+    longest = max(PROBE_WIDTHS)
+    cache = model.new_cache(2, context + longest + 1)
+    prompt = [(i * 7919) % (model.config.vocab_size - 200) + 100 for i in range(context)]
+    model.prefill([prompt, prompt], cache)
+    ctx, at = cache.ctx, context - 1  # the root's position
+    chain, single = [prompt[-1]], []  # `ar`: one token a pass, each the last one's argmax
+    for k in range(longest):
+        single.append(ctx.decode([(chain[-1], at + k, 0, True)])[0])
+        chain.append(int(single[-1].argmax()))
+    reference = torch.stack(single)  # [longest, vocab]
+
+    def batched(widths: tuple[int, ...]) -> torch.Tensor:
+        for seq in range(2):
+            model.lib.llama_memory_seq_rm(ctx.memory, seq, at, -1)
+        return ctx.decode([(chain[j], at + j, seq, True) for seq, w in enumerate(widths) for j in range(w)])
+
+    if not all(torch.equal(batched((w,)), reference[:w]) for w in PROBE_WIDTHS):
+        return False
+    return torch.equal(batched((5, 3)), torch.cat([reference[:5], reference[:3]]))
