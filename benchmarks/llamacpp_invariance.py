@@ -4,7 +4,7 @@ batch can be lossless, and whether a row's `ar` tokens depend on the batch)
     python benchmarks/llamacpp_invariance.py [--gguf FILE] [--out benchmarks/results/llamacpp_invariance]
 
 The answer depends on the build: the default one (llamafile's GEMM in it) is not exact for chains,
-one built with CMAKE_ARGS='-DGGML_LLAMAFILE=OFF' is (``paradec.models.runtime.chains_exact`` checks
+one built with CMAKE_ARGS='-DGGML_LLAMAFILE=OFF' is (``paradec.models.runtime.batch_exactness`` checks
 the installed build at load).
 
 For flash attention on and off and contexts of 100-700 tokens it compares, bit for bit:

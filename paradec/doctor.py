@@ -110,7 +110,7 @@ def _backend(model, model_dir: Path, torch_cost, remeasure: bool):
     from paradec.config import ModelConfig
     from paradec.models.gguf import is_gguf
     from paradec.models.llamacpp import INSTALL, LlamaCppModel, available, crashes, llamacpp_cost
-    from paradec.models.runtime import EXACT_BUILD, chains_exact
+    from paradec.models.runtime import EXACT_BUILD, PROBE_ROWS, batch_exactness
 
     if not is_gguf(model):
         return "torch (llama.cpp runs GGUF files; this model is a directory)", None
@@ -123,11 +123,12 @@ def _backend(model, model_dir: Path, torch_cost, remeasure: bool):
     cost, _, _ = llamacpp_cost(lc, paradec_home(), remeasure)
     ms, torch_ms = cost.predict(1) * 1e3, torch_cost.predict(1) * 1e3
     pick = "llamacpp" if ms < torch_ms else "torch"
+    chains, rows = batch_exactness(lc, paradec_home())
     drafting = (
         "this build verifies chains exactly: pld, rest and auto's lookups run there too"
-        if chains_exact(lc, paradec_home())
+        if chains
         else f"drafting methods run on torch (this build's batched logits are not its single-token ones; {EXACT_BUILD})"
-    )
+    ) + (f"; a batch holds at most {rows} rows exactly (more are decoded in several)" if rows < max(PROBE_ROWS) else "")
     return (
         f"auto, for `ar`: {pick} (llama.cpp's `ar` step {ms:.0f} ms, torch's {torch_ms:.0f} ms); {drafting}; "
         "a llama.cpp pass of "

@@ -31,7 +31,7 @@ from paradec.models.gguf import is_gguf, paradec_home, resolve_model
 from paradec.models.llamacpp import BACKENDS, LlamaCppModel
 from paradec.models.llamacpp import available as llamacpp_available
 from paradec.models.quant import QUANTS, pack_linears, quantize_linears
-from paradec.models.runtime import AUTO_MARGIN, chains_exact, check_llamacpp, llamacpp_choice, llamacpp_runs
+from paradec.models.runtime import AUTO_MARGIN, batch_exactness, check_llamacpp, llamacpp_choice, llamacpp_runs
 from paradec.policy import TreePolicy
 from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
@@ -281,7 +281,7 @@ def load(
     lc = None
     if wanted and llamacpp_runs(source, asked, threads):  # llama.cpp where it may run and measures faster
         lc = LlamaCppModel(source, ModelConfig.from_dir(model_dir), threads or torch.get_num_threads())
-        chains_exact(lc, paradec_home())
+        batch_exactness(lc, paradec_home())
         refused = [methods.get(m) for m in methods_used or () if not methods.get(m).runs_on(lc)]
         if refused and asked == "llamacpp":
             raise refused[0].inexact_error()

@@ -52,7 +52,7 @@ class Method:
     # the target runtimes it runs on: llama.cpp's runs `ar`, `auto` (there: `ar` and the lookups) and
     # the chain drafters, these where its build verifies a chain exactly (models.llamacpp)
     backends: tuple[str, ...] = ("torch",)
-    exact_chains_only: bool = False  # on llama.cpp, only where its chains are exact (``runtime.chains_exact``)
+    exact_chains_only: bool = False  # on llama.cpp, only where its chains are exact (``runtime.batch_exactness``)
     same_tokens_as: str | None = None  # lossless against this method of the same model (not `ar`)
     model: Callable[[], Path] | None = None  # the zoo's model for it where none is given (ASPD's adapter)
     # shown by `paradec demo`, with these options (None: not shown; the demo shows each system once)

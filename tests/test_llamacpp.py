@@ -83,7 +83,7 @@ def test_what_it_cannot_run_exactly_is_refused(engine, tmp_path):
         paradec.load(default_gguf(), backend="vulkan")
 
 
-def test_chain_drafters_run_only_where_this_build_verifies_chains_exactly(engine, monkeypatch):
+def test_chain_drafters_run_only_where_this_build_verifies_batch_exactnessly(engine, monkeypatch):
     """pld and rest on llama.cpp: `ar`'s tokens where the build's chains are exact (it is measured
     at load: a build without llamafile's GEMM), refused with the rebuild where they are not."""
     from paradec.draft.datastore import Datastore
@@ -112,25 +112,53 @@ def test_chain_drafters_run_only_where_this_build_verifies_chains_exactly(engine
     assert auto.token_ids == ar.token_ids and auto.stats.steps == 48
 
 
-def test_the_exactness_probe_sees_a_chain_one_ulp_off(engine, monkeypatch, tmp_path):
-    """``runtime.chains_exact`` compares chains with single-token passes bit for bit: logits of a
-    batch of several tokens moved by one unit in the last place make it False; its answer is
-    cached per CPU, build and file."""
+def test_the_exactness_probe_sees_a_batch_one_ulp_off(engine, monkeypatch, tmp_path):
+    """``runtime.batch_exactness`` compares batches with single-token passes bit for bit: logits of
+    a chain moved by one unit in the last place make chains inexact, of 4+ rows a batch hold 3
+    rows; its answer is cached per CPU, build and file."""
     from paradec.models import llamacpp, runtime
 
     real = llamacpp._Context.decode
 
-    def off(self, items):
+    def chain_off(self, items):
         logits = real(self, items)
-        return torch.nextafter(logits, logits + 1) if len(items) > 1 and all(out for *_, out in items) else logits
+        one_seq = len({seq for _, _, seq, _ in items}) == 1
+        return torch.nextafter(logits, logits + 1) if len(items) > 1 and one_seq else logits
+
+    def rows_off(self, items):
+        logits = real(self, items)
+        return torch.nextafter(logits, logits + 1) if len(items) >= 4 else logits
 
     model = engine.model
-    assert runtime.chains_exact(model, tmp_path / "a") == model.exact_chains
-    monkeypatch.setattr(llamacpp._Context, "decode", off)
-    assert runtime.chains_exact(model, tmp_path / "b") is False
+    assert runtime.batch_exactness(model, tmp_path / "a") == (model.exact_chains, model.exact_rows)
+    monkeypatch.setattr(llamacpp._Context, "decode", chain_off)
+    assert runtime.batch_exactness(model, tmp_path / "b") == (False, model.exact_rows)
+    monkeypatch.setattr(llamacpp._Context, "decode", rows_off)
+    assert runtime.batch_exactness(model, tmp_path / "c") == (False, 3)
     monkeypatch.setattr(llamacpp._Context, "decode", real)
-    assert runtime.chains_exact(model, tmp_path / "b") is False  # cached
-    assert len(list((tmp_path / "b" / "profiles").glob("*-llamacpp-chains-*.json"))) == 1
+    assert runtime.batch_exactness(model, tmp_path / "c") == (False, 3)  # cached
+    assert len(list((tmp_path / "c" / "profiles").glob("*-llamacpp-exact-*.json"))) == 1
+
+
+def test_a_batch_over_the_exact_rows_is_decoded_in_several(engine, monkeypatch):
+    """Where a build computes only a few rows a batch exactly (repacked K-quants: 3), a larger
+    pass is decoded in batches of that many, and each row keeps its own tokens."""
+    from paradec.models import llamacpp
+
+    prompts = PROMPTS + [[{"role": "user", "content": "Name three colours."}]]
+    alone = [engine.generate(p, max_new_tokens=12, ignore_eos=True).token_ids for p in prompts]
+    real, passes = llamacpp._Context.decode, []
+
+    def counting(self, items):
+        if all(out for *_, out in items):  # a verification pass (a prompt's tokens want no logits)
+            passes.append(len(items))
+        return real(self, items)
+
+    monkeypatch.setattr(llamacpp._Context, "decode", counting)
+    monkeypatch.setattr(engine.model, "exact_rows", 2)
+    batch = engine.generate(prompts, max_new_tokens=12, ignore_eos=True)
+    assert [g.token_ids for g in batch] == alone
+    assert max(passes) == 2 and 1 in passes  # 3 rows: a batch of 2, then 1
 
 
 def test_method_auto_runs_on_llamacpp_only_where_its_ar_step_is_over_2x_cheaper():

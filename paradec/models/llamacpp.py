@@ -9,7 +9,7 @@ It is a second implementation of what the scheduler asks of a target (``backend 
     verify(trees, cache)          -> logits [batch, width, vocab] of one llama.cpp batch
 
 It runs `ar`, and the methods whose drafts are chains (``methods.Method.exact_chains_only``) where
-this build verifies a chain exactly (``runtime.chains_exact``, measured at load). What was measured
+this build verifies a chain exactly (``runtime.batch_exactness``, measured at load). What was measured
 on the bundled SmolLM2 Q4_1 GGUF (llama-cpp-python 0.3.36; ``benchmarks/llamacpp_invariance.py``):
 
 - with llamafile's GEMM in the build (``GGML_LLAMAFILE``, on by default), a chain of 2-16 tokens of
@@ -22,7 +22,9 @@ on the bundled SmolLM2 Q4_1 GGUF (llama-cpp-python 0.3.36; ``benchmarks/llamacpp
   logits bit for bit **without** flash attention (contexts of 100-700), and not with it (off by
   0.6-0.8 from 300 tokens: one query's attention splits the cache across threads past 512
   cells). So flash attention is off, and ggml's tiled K-quant GEMM (taken from 8 rows a batch)
-  too (``GGML_CPU_TILED_MM=0``): a row's tokens do not depend on the batch.
+  too (``GGML_CPU_TILED_MM=0``). On a Q4_K_M file (repacked weights), 2-3 rows were exact and 4
+  were not (a GEMM from 4 rows): a pass is decoded in batches of at most ``exact_rows`` rows,
+  so a row's tokens never depend on the batch.
 
 Each row has its own KV stream (``kv_unified`` off). A pass writes each row's root; the commit
 keeps it (``seq_rm`` of anything past the committed length).
@@ -155,7 +157,11 @@ class LlamaCppModel:
     """A GGUF file loaded by llama.cpp. ``config``: the file's shapes (from its HF conversion)."""
 
     backend = "llamacpp"
-    exact_chains = False  # whether this build verifies a chain exactly (``runtime.chains_exact`` sets it)
+    # what this build computes exactly (``runtime.batch_exactness`` measures both at load): a chain
+    # (W tokens of one sequence in one batch = W single-token passes), and how many one-token rows a
+    # batch may hold (more are decoded in several batches: with repacked K-quants, 4+ rows take a GEMM)
+    exact_chains = False
+    exact_rows = 1
 
     def __init__(self, gguf: str | Path, config: ModelConfig, threads: int) -> None:
         lib = _lib()
@@ -212,13 +218,15 @@ class LlamaCppModel:
             if s:  # a row that is done stays in its group's passes uncommitted: write over its last pass
                 cache.drop_scratch(b)
         items = [
-            (tok, cache.lengths[b] + d, cache.seqs[b], True)
+            [(tok, cache.lengths[b] + d, cache.seqs[b], True) for d, tok in enumerate(t.tokens)]
             for b, t in enumerate(trees)
-            for d, tok in enumerate(t.tokens)
         ]
-        if len(items) > BATCH:
-            raise ParadecError(f"a pass of {len(items)} tokens is over the llamacpp backend's batch of {BATCH}")
-        flat = cache.ctx.decode(items)  # [tokens, vocab]
+        if (n := sum(map(len, items))) > BATCH:
+            raise ParadecError(f"a pass of {n} tokens is over the llamacpp backend's batch of {BATCH}")
+        step = self.exact_rows  # rows a llama_decode computes as each alone (``runtime.batch_exactness``)
+        flat = torch.cat(
+            [cache.ctx.decode([i for row in items[at : at + step] for i in row]) for at in range(0, len(items), step)]
+        )  # [tokens, vocab]
         out = (
             torch.zeros(len(trees), width, self.config.vocab_size)
             if any(len(t) < width for t in trees)

@@ -3,8 +3,8 @@
 llama.cpp's kernels (``models.llamacpp``) run a GGUF file as it is: `ar`, and the chain drafters
 where its batches are exact; paradec's torch runtime runs every method. ``load`` asks
 ``llamacpp_runs`` (does llama.cpp's build run on this CPU without killing the process),
-``check_llamacpp`` (was backend=llamacpp asked for something only torch runs), ``chains_exact``
-(are this build's batched chains its single-token passes, bit for bit) and ``llamacpp_choice``
+``check_llamacpp`` (was backend=llamacpp asked for something only torch runs), ``batch_exactness``
+(which of this build's batches give each token its single-token logits, bit for bit) and ``llamacpp_choice``
 (do llama.cpp's measured passes beat torch's).
 """
 
@@ -31,6 +31,7 @@ PROBE_WIDTHS = (*range(2, 18), 33, 65)
 # contexts it verifies them at: one KV page, and past 512 cells, where llama.cpp's one-query
 # flash attention splits the cache across threads (it runs with flash attention off: checked anyway)
 PROBE_CONTEXTS = (40, 600)
+PROBE_ROWS = (2, 3, 4, 8, 16)  # one-token rows in one batch (a server's `ar` pass)
 # how to get a build whose chains are exact: llamafile's GEMM (``GGML_LLAMAFILE``) takes other
 # accumulation orders for several queries of one sequence than ggml's one-query dot products
 EXACT_BUILD = (
@@ -78,21 +79,46 @@ def llamacpp_choice(lc: LlamaCppModel, choice: FormatChoice, asked: str, margin:
     )
 
 
-def chains_exact(model: LlamaCppModel, home: Path) -> bool:
-    """Whether this llama.cpp build verifies a chain exactly: W tokens of one sequence in one batch
-    give, bit for bit, the logits of W single-token passes (`ar`), for every W in PROBE_WIDTHS at
-    every context in PROBE_CONTEXTS, and two rows' chains in one batch each row's alone. Then a
-    chain drafter's greedy output on llama.cpp is `ar`'s there. Measured once per CPU signature,
-    build and GGUF file (~5 s), cached under ``home/profiles``; ``model.exact_chains`` is set."""
-    path = home / "profiles" / f"{cpu_info().key()}-llamacpp-chains-{build_id()}-{file_digest(model.path)}.json"
+def batch_exactness(model: LlamaCppModel, home: Path) -> tuple[bool, int]:
+    """What this llama.cpp build computes exactly, bit for bit, on this GGUF file -> (chains, rows):
+    - chains: W tokens of one sequence in one batch give the logits of W single-token passes
+      (`ar`), for every W in PROBE_WIDTHS at every context in PROBE_CONTEXTS, and two rows'
+      chains in one batch each row's alone. Then a chain drafter's greedy output is `ar`'s there;
+    - rows: the most one-token rows (of PROBE_ROWS) a batch may hold with each row's logits its
+      own alone (the server's `ar` batch; larger passes are decoded in several batches).
+    Measured once per CPU signature, build and file (~5 s), cached under ``home/profiles``; sets
+    ``model.exact_chains`` and ``model.exact_rows``."""
+    path = home / "profiles" / f"{cpu_info().key()}-llamacpp-exact-{build_id()}-{file_digest(model.path)}.json"
     try:
-        model.exact_chains = bool(json.loads(path.read_text())["exact"])
-        return model.exact_chains
+        raw = json.loads(path.read_text())
+        model.exact_chains, model.exact_rows = bool(raw["chains"]), int(raw["rows"])
+        return model.exact_chains, model.exact_rows
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    model.exact_chains = all(_chains_equal(model, context) for context in PROBE_CONTEXTS)
-    _write_json(path, {"cpu": asdict(cpu_info()), "gguf": model.path.name, "exact": model.exact_chains})
-    return model.exact_chains
+    model.exact_rows = _rows_exact(model)
+    model.exact_chains = model.exact_rows >= 2 and all(_chains_equal(model, context) for context in PROBE_CONTEXTS)
+    record = {"gguf": model.path.name, "chains": model.exact_chains, "rows": model.exact_rows}
+    _write_json(path, {"cpu": asdict(cpu_info()), **record})
+    return model.exact_chains, model.exact_rows
+
+
+def _rows_exact(model: LlamaCppModel) -> int:
+    """The most one-token rows of PROBE_ROWS whose batch gives each row its logits alone (1: none)."""
+    n = max(PROBE_ROWS)
+    cache = model.new_cache(n, 64)
+    prompts = [[(i * 7919 + r * 104729) % (model.config.vocab_size - 200) + 100 for i in range(40)] for r in range(n)]
+    model.prefill(prompts, cache)
+    ctx = cache.ctx
+    alone = torch.cat([ctx.decode([(p[-1], 39, cache.seqs[r], True)]) for r, p in enumerate(prompts)])
+    exact = 1
+    for rows in PROBE_ROWS:
+        for r in range(n):
+            model.lib.llama_memory_seq_rm(ctx.memory, cache.seqs[r], 39, -1)
+        batched = ctx.decode([(p[-1], 39, cache.seqs[r], True) for r, p in enumerate(prompts[:rows])])
+        if not torch.equal(batched, alone[:rows]):
+            break
+        exact = rows
+    return exact
 
 
 def _chains_equal(model: LlamaCppModel, context: int) -> bool:
