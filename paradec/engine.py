@@ -252,11 +252,11 @@ def load(
     (a server passes its --max-batch). ``cost``: the pass-cost curve policies start from (default:
     the loaded model's, measured once, ``cpu.whole``; ``PassCost.flat()``: every width the same, as
     tests do). ``batch_budget``: cut a batch's greedy chains to the width that pays (``policy.budget``).
-    ``backend``: "torch", "llamacpp" (llama.cpp's kernels on a GGUF file, `ar` only:
-    ``models.llamacpp``) or "auto" (default, or ``$PARADEC_BACKEND``): llama.cpp when it is
-    installed, the model is a GGUF file, ``methods_used`` all run there, nothing torch-only is
-    asked for, and it measures faster. ``warmup``: a few tiny passes, so the first request does
-    not pay for kernel set-up.
+    ``backend``: "torch", "llamacpp" (llama.cpp's kernels on a GGUF file: `ar`, and the chain
+    drafters where the build's batches are exact, ``models.llamacpp``) or "auto" (default, or
+    ``$PARADEC_BACKEND``): llama.cpp when it is installed, the model is a GGUF file,
+    ``methods_used`` all run there, nothing torch-only is asked for, and it measures faster.
+    ``warmup``: a few tiny passes, so the first request does not pay for kernel set-up.
 
     Example: ``paradec.load("zoo/target").generate("import os", max_new_tokens=16)``.
     """
@@ -334,7 +334,7 @@ def _engine_on_torch(
 def _torch_only(
     given: dict, dtype, quant, quant_head, device, exact, methods_used, optional: bool = False
 ) -> list[str]:
-    """What was asked for that only paradec's torch runtime runs (llama.cpp runs `ar` alone);
+    """What was asked for that only paradec's torch runtime runs (llama.cpp runs `ar` and the chain drafters);
     ``optional``: the companions are ones the methods only use (auto), not needs."""
     asks = {
         **{name: not optional and "llamacpp" not in companions.get(name).backends for name in given},

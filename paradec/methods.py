@@ -83,7 +83,7 @@ class Method:
 
     def runs_on(self, model) -> bool:
         """Whether this method runs on ``model``'s runtime (llama.cpp's: as its build allows)."""
-        exact = getattr(model, "exact_chains", True)
+        exact = model.backend == "torch" or model.exact_chains
         return model.backend in self.backends and (exact or not self.exact_chains_only)
 
     def inexact_error(self) -> ParadecError:

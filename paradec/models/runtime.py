@@ -58,7 +58,7 @@ def check_llamacpp(source: Path, torch_only: list[str]) -> None:
     if torch_only:
         raise ParadecError(
             f"the llamacpp backend cannot take {', '.join(torch_only)} (llama.cpp runs the GGUF's own "
-            "format on the CPU, `ar` only, with no drafts or heads); drop them or use backend=torch"
+            "format on the CPU: `ar` and the lookups, with no draft models or heads); drop them or use backend=torch"
         )
 
 
