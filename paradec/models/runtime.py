@@ -108,7 +108,7 @@ def _rows_exact(model: LlamaCppModel) -> int:
     """The most one-token rows of PROBE_ROWS whose batch gives each row its logits alone (1: none)."""
     n = max(PROBE_ROWS)
     cache = model.new_cache(n, 64)
-    prompts = [[(i * 7919 + r * 104729) % (model.config.vocab_size - 200) + 100 for i in range(8)] for r in range(n)]
+    prompts = [_probe_prompt(model, 8, salt=r) for r in range(n)]
     model.prefill(prompts, cache)
     ctx = cache.ctx
     alone = torch.cat([ctx.decode([(p[-1], 7, cache.seqs[r], True)]) for r, p in enumerate(prompts)])
@@ -128,20 +128,25 @@ def _chains_equal(model: LlamaCppModel, context: int, two_rows: bool) -> bool:
     and two rows' chains in one batch)."""
     longest = max(PROBE_WIDTHS)
     cache = model.new_cache(2, context + longest + 1)
-    prompt = [(i * 7919) % (model.config.vocab_size - 200) + 100 for i in range(context)]
+    prompt = _probe_prompt(model, context)
     model.prefill([prompt, prompt] if two_rows else [prompt, prompt[-1:]], cache)
-    ctx, at = cache.ctx, context - 1  # the root's position
+    ctx, seqs, at = cache.ctx, cache.seqs, context - 1  # at: the root's position
     chain, single = [prompt[-1]], []  # `ar`: one token a pass, each the last one's argmax
     for k in range(longest):
-        single.append(ctx.decode([(chain[-1], at + k, 0, True)])[0])
+        single.append(ctx.decode([(chain[-1], at + k, seqs[0], True)])[0])
         chain.append(int(single[-1].argmax()))
     reference = torch.stack(single)  # [longest, vocab]
 
     def batched(widths: tuple[int, ...]) -> torch.Tensor:
-        for seq in range(2):
+        for seq in seqs:
             model.lib.llama_memory_seq_rm(ctx.memory, seq, at, -1)
-        return ctx.decode([(chain[j], at + j, seq, True) for seq, w in enumerate(widths) for j in range(w)])
+        return ctx.decode([(chain[j], at + j, seqs[r], True) for r, w in enumerate(widths) for j in range(w)])
 
     if not all(torch.equal(batched((w,)), reference[:w]) for w in PROBE_WIDTHS):
         return False
     return not two_rows or torch.equal(batched((5, 3)), torch.cat([reference[:5], reference[:3]]))
+
+
+def _probe_prompt(model: LlamaCppModel, n: int, salt: int = 0) -> list[int]:
+    """``n`` spread-out token ids (no special tokens: ids from 100), a different text per ``salt``."""
+    return [(i * 7919 + salt * 104729) % (model.config.vocab_size - 200) + 100 for i in range(n)]
