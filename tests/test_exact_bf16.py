@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import paradec
-from paradec.models.llama import cached_attention, linear
+from paradec.models.decode import cached_attention, linear
 
 PROMPTS = [
     "def fibonacci(n):",

@@ -81,3 +81,42 @@ def test_stream_concatenates_to_generate(pairs):
     full = engine.generate(PROMPTS[1], max_new_tokens=30, ignore_eos=True)
     pieces = list(engine.stream(PROMPTS[1], max_new_tokens=30, ignore_eos=True))
     assert len(pieces) > 1 and "".join(pieces) == full.text
+
+
+def _cached_step(model, ids: torch.Tensor, through_blocks: bool = False) -> torch.Tensor:
+    """A prompt pass, then one decode step of 3 tokens: ids [1, n + 3] -> the step's logits
+    [1, 3, vocab]. The step runs the model's decode plan, or (``through_blocks``) each layer's
+    ``Block.forward``, which captures the layer's kernels afresh on every call."""
+    n = ids.shape[1] - 3
+    cache = model.new_cache(1, ids.shape[1])
+    with torch.inference_mode():
+        model.hidden(ids[:, :n], torch.arange(n)[None], None, cache, prefill=True)
+        cache.advance(0, n)
+        mask = torch.ones(1, 1, 3, n + 3, dtype=torch.bool)
+        mask[..., n:] = torch.ones(3, 3, dtype=torch.bool).tril()
+        pos = torch.arange(n, n + 3)[None]
+        if not through_blocks:
+            return model.logits(model.hidden(ids[:, n:], pos, mask, cache))
+        x, (cos, sin) = model.embed(ids[:, n:]), model.rope(pos, model.embed.weight.dtype)
+        for block in model.layers:
+            x = block(x, cos, sin, mask, cache)
+        return model.logits(x)
+
+
+def test_decode_plan_follows_the_model(checkpoints):
+    """The decode path runs from weights captured once (``Transformer.plan``); after a layer is
+    quantized, the whole model cast, or ``set_exact`` called, the next pass must compute what
+    the layers now are (their own ``Block.forward``)."""
+    from paradec.models.quant import quantize_linears
+
+    ids = torch.tensor([[5, 17, 33, 80, 2, 9, 41, 7]])
+    model = paradec.load(checkpoints["llama"], dtype="fp32").model
+    before = _cached_step(model, ids)  # the plan exists from here on
+    quantize_linears(model, "int8")
+    after = _cached_step(model, ids, through_blocks=True)
+    assert not torch.equal(after, before)  # the change is visible at all
+    assert torch.equal(_cached_step(model, ids), after)
+    model.bfloat16()
+    assert torch.equal(_cached_step(model, ids), _cached_step(model, ids, through_blocks=True))
+    model.set_exact(False)
+    assert torch.equal(_cached_step(model, ids), _cached_step(model, ids, through_blocks=True))

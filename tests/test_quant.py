@@ -143,7 +143,7 @@ def test_bf16_linears_are_packed_only_where_rows_stay_invariant(monkeypatch):
         layer = model[int(name)]
         assert (name in packed) == quant_mod.packs_invariantly(layer.in_features, layer.out_features, name == "1")
         assert isinstance(layer, PackedLinear) == (name in packed)
-        if name not in packed:  # a plain bf16 product need not be row-invariant (models.llama.linear)
+        if name not in packed:  # a plain bf16 product need not be row-invariant (models.decode.linear)
             continue
         x = torch.randn(40, layer.in_features).to(torch.bfloat16)
         full = layer(x)

@@ -272,7 +272,7 @@ class _PassTimer:
         self.runs: list[float] = []  # seconds of each whole (estimated) pass, one per round
 
     def _bias(self) -> torch.Tensor | None:
-        from paradec.models.llama import attention_bias
+        from paradec.models.decode import attention_bias
 
         if self.mask is None:
             return None

@@ -16,25 +16,7 @@ from torch import nn
 
 from paradec.config import ModelConfig
 from paradec.kv import KVCache
-
-# bf16 GEMMs on this CPU (oneDNN) give row i the same bits whatever the row count, except a
-# 1-row product with an inner dimension over this, which takes another kernel (measured).
-GEMV_INNER_LIMIT = 1024
-
-
-def linear(layer: nn.Module, x: torch.Tensor, exact: bool = True, prefill: bool = False) -> torch.Tensor:
-    """``layer(x)`` with each row's result independent of how many rows there are.
-
-    x [..., in] -> [..., out]. A single row with a long inner dimension is computed as two
-    (itself twice), so an `ar` step and a verified tree give a token the same bits. The
-    quantized layers (``models.quant``) are row-invariant as they are. ``prefill``: a prompt
-    pass, which takes a quantized layer's dense weights where it has them (``prefill_linear``).
-    """
-    if prefill and (dense := getattr(layer, "prefill_linear", None)) is not None:
-        return dense(x)
-    if exact and x.numel() == x.shape[-1] and layer.in_features > GEMV_INNER_LIMIT and isinstance(layer, nn.Linear):
-        return layer(torch.cat([x, x], 0))[:1]
-    return layer(x)
+from paradec.models.decode import LayerKernels, attention_bias, decode_layer, linear, linear_kernel, rms_norm, rotate
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -66,16 +48,13 @@ def rope_tables(
 
 
 class RMSNorm(nn.Module):
-    """Normalizes in fp32, casts back, then scales (the order transformers uses)."""
-
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return self.weight * (xf * (xf.square().mean(-1, keepdim=True) + self.eps).rsqrt()).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -95,93 +74,32 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         mask: torch.Tensor | None,
         cache: KVCache | None,
-        slots: torch.Tensor | None = None,
         prefill: bool = False,
     ) -> torch.Tensor:
-        # x: [batch, n, hidden]; cos/sin: [batch, n, 1, head_dim]; mask: [batch, 1, n, span] bool (or its
-        # attention_bias on a cached pass that is not a prefill);
-        # slots: [batch, n] scratch slot of each token (None: the next n)
+        """Training, scoring and prompt passes: one fused attention kernel (causal when there is
+        no mask); decode and verification passes run ``decode_layer``.
+        x: [batch, n, hidden]; cos/sin: [batch, n, 1, head_dim]; mask: [batch, 1, n, span] bool."""
         b, n, _ = x.shape
         heads, kv = self.n_heads, self.n_kv
         qkv = linear(self.wqkv, x, self.exact, prefill).view(b, n, heads + 2 * kv, self.head_dim)
-        qk = qkv[:, :, : heads + kv]  # queries and keys rotate together: [batch, n, heads + kv, head_dim]
-        # rotate_half(x) * sin == roll(x, half) * (sin with its first half negated): one op, same bits
-        qk = (qk * cos + qk.roll(self.head_dim // 2, -1) * sin).transpose(1, 2)  # [batch, heads + kv, n, head_dim]
+        qk = rotate(qkv[:, :, : heads + kv], cos, sin).transpose(1, 2)  # [batch, heads + kv, n, head_dim]
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, :, heads + kv :].transpose(1, 2)  # [batch, kv_heads, n, head_dim]
-        if cache is not None:
-            # k_t [batch, kv_heads, head_dim, span] (the cache's transposed keys); v [batch, kv_heads, span, head_dim]
-            k_t, v = cache.write(self.layer, k, v, slots)
+        if cache is not None:  # a prompt pass: its K/V stay in the cache
+            k_t, v = cache.write(
+                self.layer, k, v
+            )  # [batch, kv_heads, head_dim, span], [batch, kv_heads, span, head_dim]
             k = k_t.transpose(-1, -2)
-        if cache is not None and not prefill:  # a decode step or a tree, of any width
-            out = cached_attention(q, k_t, v, mask) if self.exact else fast_cached_attention(q, k_t, v, mask)
-        else:  # training, scoring, prefill: one fused kernel (causal when there is no mask)
-            gqa = self.n_kv != self.n_heads
-            if gqa and x.device.type == "cpu" and mask is not None:
-                # the CPU kernel's enable_gqa path does not take every mask layout; expand instead
-                rep = self.n_heads // self.n_kv
-                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-                gqa = False
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=mask is None and cache is None, enable_gqa=gqa
-            )
+        gqa = self.n_kv != self.n_heads
+        if gqa and x.device.type == "cpu" and mask is not None:
+            # the CPU kernel's enable_gqa path does not take every mask layout; expand instead
+            rep = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            gqa = False
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and cache is None, enable_gqa=gqa
+        )
         return linear(self.wo, out.transpose(1, 2).reshape(b, n, -1), self.exact, prefill)
-
-
-def attention_bias(mask: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """mask [batch, 1, n, span] bool -> the additive bias the cached attention adds to its scores
-    (0 where visible, -inf elsewhere), in the scores' dtype: fp64 for ``cached_attention``, fp32
-    for ``fast_cached_attention``. Built once per pass, not once per layer."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
-def cached_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Attention of a decode / verification pass whose output for a query does not depend on the
-    pass's shape, so greedy verification in bf16 picks exactly `ar`'s tokens.
-
-    q [batch, heads, n, head_dim]; k_t [batch, kv_heads, head_dim, span] (keys, transposed, as
-    the cache stores them); v [batch, kv_heads, span, head_dim]; mask [batch, 1, n, span] bool,
-    or its ``attention_bias`` (None: every slot visible) -> [batch, heads, n, head_dim] in q's dtype.
-
-    A query sees the same keys in an `ar` step (prefix + path, contiguous, alone) as in a tree
-    (prefix + ancestors at scattered slots, among other queries), but GEMM kernels block by the
-    product's shape, so fp32 products round differently by query and key count, and one
-    flipped bf16 bit in the residual stream moves a near-tied argmax. Measured on SmolLM2 (12
-    chat prompts, 96 tokens): fp32 attention left `ar` on 10 of 12 prompts; fp32 scores made
-    row-invariant for oneDNN/MKL's AVX-512 kernels still left it under MKL's AVX2 kernels
-    (rows past a block of 6, and the key count). So every reduction runs in fp64: a product
-    of two fp32 values is exact in fp64, and a sum of 64 of them (the scores), or over the
-    keys (softmax, probabilities @ values), then differs by order only in the last fp64 bits,
-    which reach the bf16 or fp32 result with probability ~1e-13 or ~1e-7 per element. It
-    costs about what fp32 scores did in bf16, up to 18 % more in fp32 (per layer, 1-16 queries,
-    256-1024 keys).
-    """
-    b, h, n, d = q.shape
-    kv = k_t.shape[1]
-    rep = h // kv
-    rows = rep * n  # heads of one KV group share its keys: [b, kv, rows, d]
-    scores = q.double().reshape(b, kv, rows, d) @ k_t.double() * (1.0 / math.sqrt(d))  # [b, kv, rows, span]
-    if mask is not None:
-        bias = mask if mask.is_floating_point() else attention_bias(mask)
-        scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None]).view(b, kv, rows, -1)
-    out = scores.softmax(-1) @ v.double()  # [b, kv, rows, d]
-    return out.view(b, h, n, d).to(q.dtype)
-
-
-def fast_cached_attention(
-    q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """``cached_attention`` in plain fp32 (``exact=False``): cheaper at long spans, but its
-    rounding depends on the pass's shape, so bf16 verification may leave `ar` at a near tie."""
-    b, h, n, d = q.shape
-    kv = k_t.shape[1]
-    rep = h // kv
-    qf = q.float().reshape(b, kv, rep * n, d)
-    scores = qf @ k_t.float() * (1.0 / math.sqrt(d))  # [b, kv, rep*n, span]
-    if mask is not None:
-        bias = mask if mask.is_floating_point() else attention_bias(mask, torch.float32)
-        scores = (scores.view(b, kv, rep, n, -1) + bias[:, :, None]).view(b, kv, rep * n, -1)
-    return (scores.softmax(-1) @ v.float()).view(b, h, n, d).to(q.dtype)
 
 
 class MLP(nn.Module):
@@ -206,8 +124,46 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, mask, cache, slots=None, prefill=False):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, slots, prefill)
+        if cache is not None and not prefill:  # a decode step or a tree, of any width
+            return decode_layer(self.kernels(), x, cos, sin, mask, cache, slots)
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, prefill)
         return x + self.mlp(self.mlp_norm(x), prefill)
+
+    def kernels(self) -> LayerKernels:
+        attn, mlp = self.attn, self.mlp
+        return LayerKernels(
+            attn.layer,
+            self.attn_norm.weight,
+            self.mlp_norm.weight,
+            self.attn_norm.eps,
+            attn.n_heads,
+            attn.n_kv,
+            attn.head_dim,
+            mlp.inter,
+            attn.exact,
+            linear_kernel(attn.wqkv, attn.exact),
+            linear_kernel(attn.wo, attn.exact),
+            linear_kernel(mlp.w_gate_up, mlp.exact),
+            linear_kernel(mlp.w_down, mlp.exact),
+        )
+
+
+# Bumped whenever any module, parameter or buffer is registered anywhere in the process
+# (PyTorch's global registration hooks): a cached decode plan (``Transformer.plan``) may then
+# hold a tensor or a layer its model no longer has, and is rebuilt.
+_GENERATION = [0]
+
+
+def _bump(*_) -> None:
+    _GENERATION[0] += 1
+
+
+for _register in (
+    torch.nn.modules.module.register_module_module_registration_hook,
+    torch.nn.modules.module.register_module_parameter_registration_hook,
+    torch.nn.modules.module.register_module_buffer_registration_hook,
+):
+    _register(_bump)
 
 
 class Transformer(nn.Module):
@@ -232,6 +188,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.exact = True
         self.prefill_path: str | None = None  # the dense weights prompt passes take ("bf16", "fp32"; ``cpu.prefill``)
+        self._plan: tuple[int, int, list[LayerKernels]] | None = None  # (generation, id(self), per layer)
 
     def set_exact(self, exact: bool) -> None:
         """Shape-invariant numerics for decode/verification passes (default): a token's K/V,
@@ -241,6 +198,20 @@ class Transformer(nn.Module):
         self.exact = exact
         for block in self.layers:
             block.attn.exact = block.mlp.exact = exact
+        self._plan = None
+
+    def plan(self) -> list[LayerKernels]:
+        """Every layer's ``LayerKernels``, built on first use and again after the model changes:
+        a module, parameter or buffer registered anywhere (a layer quantized, packed or replaced),
+        a move or cast of the whole model (``_apply``), ``set_exact``. (A layer moved or cast on
+        its own, ``model.layers[i].to(...)``, is not seen: cast the model.)"""
+        if self._plan is None or self._plan[:2] != (_GENERATION[0], id(self)):
+            self._plan = (_GENERATION[0], id(self), [block.kernels() for block in self.layers])
+        return self._plan[2]
+
+    def _apply(self, fn, recurse=True):
+        self._plan = None
+        return super()._apply(fn, recurse)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.inv_freq, positions, dtype)
@@ -268,6 +239,10 @@ class Transformer(nn.Module):
         if cache is not None and not prefill and mask is not None:
             # the cached attention's form, once for every layer
             mask = attention_bias(mask, torch.float64 if self.exact else torch.float32)
+        if cache is not None and not prefill:
+            for kernels in self.plan()[start:stop]:
+                x = decode_layer(kernels, x, cos, sin, mask, cache, slots)
+            return x
         for block in self.layers[start:stop]:
             x = block(x, cos, sin, mask, cache, slots, prefill)
         return x

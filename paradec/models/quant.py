@@ -28,6 +28,8 @@ decides by measurement whether a CPU gets it, and which).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -68,9 +70,17 @@ class Int8Linear(nn.Module):
         return self.weight.float() * self.scales.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.scales)
-        y = y.view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        return self.kernel()(x)
+
+    def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This layer's product as a closure over its tensors: [..., in] -> [..., out]."""
+        weight, scales, bias, n_in, n_out = self.weight, self.scales, self.bias, self.in_features, self.out_features
+
+        def mm(x: torch.Tensor) -> torch.Tensor:
+            y = torch._weight_int8pack_mm(x.reshape(-1, n_in), weight, scales).view(*x.shape[:-1], n_out)
+            return y if bias is None else y + bias
+
+        return mm
 
 
 class Int4Linear(nn.Module):
@@ -140,12 +150,19 @@ class Int4Linear(nn.Module):
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, INT4_GROUP, self.scales_zeros.float())
         return y.T.contiguous()
 
-    def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, INT4_GROUP, self.scales_zeros)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._mm(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        return self.kernel()(x)
+
+    def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This layer's product as a closure over its tensors: [..., in] -> [..., out]."""
+        packed, scales_zeros, bias = self.packed, self.scales_zeros, self.bias
+        n_in, n_out, op = self.in_features, self.out_features, torch.ops.aten._weight_int4pack_mm_for_cpu
+
+        def mm(x: torch.Tensor) -> torch.Tensor:
+            y = op(x.reshape(-1, n_in), packed, INT4_GROUP, scales_zeros).view(*x.shape[:-1], n_out)
+            return y if bias is None else y + bias
+
+        return mm
 
 
 class PackedLinear(nn.Module):
@@ -165,8 +182,17 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(eye, self.packed, None, "none", [], "").float().T.contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.packed, self.bias, "none", [], "")
-        return y.view(*x.shape[:-1], self.out_features)
+        return self.kernel()(x)
+
+    def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This layer's product as a closure over its tensors: [..., in] -> [..., out]."""
+        packed, bias, n_in, n_out, op = self.packed, self.bias, self.in_features, self.out_features, torch.ops.mkldnn
+
+        def mm(x: torch.Tensor) -> torch.Tensor:
+            y = op._linear_pointwise(x.reshape(-1, n_in), packed, bias, "none", [], "")
+            return y.view(*x.shape[:-1], n_out)
+
+        return mm
 
 
 class DenseLinear(nn.Module):
