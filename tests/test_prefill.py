@@ -55,18 +55,24 @@ def test_prompts_take_the_dense_path_and_decode_steps_the_kernel(dense_engine, m
     model = dense_engine.model
     assert model.prefill_path == "fp32" and model.layers[0].mlp.w_down.prefill_linear is not None
     calls = {"dense": 0, "kernel": 0}
-    dense_fwd, kernel_fwd = DenseLinear.forward, Int4Linear.forward
+    dense_fwd, int4_kernel = DenseLinear.forward, Int4Linear.kernel
 
     def dense(self, x):
         calls["dense"] += 1
         return dense_fwd(self, x)
 
-    def kernel(self, x):
-        calls["kernel"] += 1
-        return kernel_fwd(self, x)
+    def kernel(self):  # decode passes call the closure the decode plan captured
+        mm = int4_kernel(self)
+
+        def counted(x):
+            calls["kernel"] += 1
+            return mm(x)
+
+        return counted
 
     monkeypatch.setattr(DenseLinear, "forward", dense)
-    monkeypatch.setattr(Int4Linear, "forward", kernel)
+    monkeypatch.setattr(Int4Linear, "kernel", kernel)
+    model.set_exact(model.exact)  # the decode plan is captured again, with the counting kernels
     layers = len(model.layers)
     dense_engine.generate(PROMPTS[0], max_new_tokens=3, ignore_eos=True)
     assert calls["dense"] == 4 * layers  # one prompt pass: qkv, o, gate_up, down per layer
