@@ -48,6 +48,8 @@ def rope_tables(
 
 
 class RMSNorm(nn.Module):
+    """``rms_norm`` with its weight: normalizes in fp32, casts back, then scales."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -86,9 +88,8 @@ class Attention(nn.Module):
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, :, heads + kv :].transpose(1, 2)  # [batch, kv_heads, n, head_dim]
         if cache is not None:  # a prompt pass: its K/V stay in the cache
-            k_t, v = cache.write(
-                self.layer, k, v
-            )  # [batch, kv_heads, head_dim, span], [batch, kv_heads, span, head_dim]
+            # k_t [batch, kv_heads, head_dim, span] (the cache's transposed keys); v [batch, kv_heads, span, head_dim]
+            k_t, v = cache.write(self.layer, k, v)
             k = k_t.transpose(-1, -2)
         gqa = self.n_kv != self.n_heads
         if gqa and x.device.type == "cpu" and mask is not None:
