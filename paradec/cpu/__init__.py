@@ -46,7 +46,7 @@ BUSY_CORES = 0.5  # a profile is cached only if other processes used at most thi
 SLOWER_WARNING = 1.3  # an explicit format whose `ar` step costs this much more than the best one is warned about
 WIDTHS = (1, 2, 4, 8, 16, 32)  # verified nodes per row of a pass (others are interpolated)
 CONTEXT = 256  # keys a measured pass attends over
-PROFILE_VERSION = 3  # part of the cache key: bump when what is measured changes
+PROFILE_VERSION = 4  # part of the cache key: bump when what is measured changes (4: the decode plan)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import torch
 
 from paradec.cpu import BUSY_CORES, WIDTHS, OthersWatch, PassCost, _curve, _write_json, chain_inputs
 
-WHOLE_VERSION = 1  # part of the cache key: bump when what is measured changes
+WHOLE_VERSION = 2  # part of the cache key: bump when what is measured changes (2: the decode plan)
 
 
 def whole_curve(model, key: str, profile_path: Path | None, reps: int = 3) -> PassCost:
