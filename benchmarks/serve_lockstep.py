@@ -1,8 +1,8 @@
-"""Server-like continuous batching in one process, every method on its own scheduler, stepped in
-lockstep (one step of each in turn, the order rotating), so the machine's drift falls on every
-method alike. Each method keeps ``--clients`` single-row requests live (a request is its own
-group, as in ``paradec serve``), refilled from the prompt queue as requests finish; a method's
-time is its own admissions and steps. No HTTP, no client threads: what it compares is the
+"""Server-like continuous batching in one process, every method on its own scheduler (and draft
+budget), stepped in lockstep (one step of each in turn, the order rotating), so the machine's drift
+falls on every method alike. Each method keeps ``--clients`` single-row requests live (a request is
+its own group, as in ``paradec serve``), refilled from the prompt queue as requests finish; a
+method's time is its own admissions and steps. No HTTP, no client threads: what it compares is the
 decode loop the server runs, not the server's overhead (``paradec bench-serve`` measures that).
 
     python benchmarks/serve_lockstep.py --clients 4 --methods ar,auto,pld,eagle \
@@ -23,6 +23,7 @@ from ab import default_model, write_results
 import paradec
 from paradec import methods as registry
 from paradec.bench.prompts import load_prompts
+from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
 from paradec.serve.worker import TREE_SCRATCH
 
@@ -33,9 +34,8 @@ class Lane:
     def __init__(self, engine, method: str, prompts: list[list[int]], clients: int, tokens: int) -> None:
         self.engine, self.method, self.queue, self.clients = engine, method, list(prompts), clients
         longest = max(len(p) for p in prompts) + tokens + 1 + TREE_SCRATCH
-        self.sched = Scheduler(
-            engine, clients, longest, engine.tokenizer.eos_ids, engine.budget, interleave_prefill=True
-        )
+        budget = None if engine.budget is None else BatchBudget(engine.cost)  # its own, as on a server of its own
+        self.sched = Scheduler(engine, clients, longest, engine.tokenizer.eos_ids, budget, interleave_prefill=True)
         self.gen = engine.config(method=method, max_new_tokens=tokens, ignore_eos=True)
         self.seconds, self.tokens, self.steps, self.drafters = 0.0, 0, 0, Counter()
 
