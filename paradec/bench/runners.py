@@ -17,6 +17,7 @@ from paradec.errors import ParadecError
 from paradec.models.adapter import is_adapter, read_adapter
 from paradec.models.gguf import resolve_model
 from paradec.options import options_of
+from paradec.policy.budget import BatchBudget
 
 ACCEPT = {o.name for o in options_of(AcceptConfig)}
 
@@ -84,6 +85,7 @@ class Runners:
                 temperature=cfg.temperature,
                 **limits,
             )
+        self._budgets: dict[str, BatchBudget] = {}  # method -> its draft budget (``_method``)
         # a peer's name -> how it is decoded (a registered method: ``_method``)
         self._peer_runners = {
             "oracle": self._oracle,
@@ -111,6 +113,9 @@ class Runners:
         base, quant = split_method(method, self.cfg.quant)
         engine = self.engines[quant]
         opts = method_options(base, self.cfg.options)
+        if engine.budget is not None:  # a draft budget per method, as it has when a user runs it alone:
+            # methods decoded in turn on one engine moved each other's statistics (``paradec demo``)
+            engine.budget = self._budgets.setdefault(method, BatchBudget(engine.cost))
         out = engine.generate(batch, method=base, **opts, **self.options())
         if own_loop(method):  # its own text (ASPD: markup is overhead, not output)
             return [engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
