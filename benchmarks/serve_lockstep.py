@@ -23,7 +23,6 @@ from ab import default_model, write_results
 import paradec
 from paradec import methods as registry
 from paradec.bench.prompts import load_prompts
-from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
 from paradec.serve.worker import TREE_SCRATCH
 
@@ -34,7 +33,7 @@ class Lane:
     def __init__(self, engine, method: str, prompts: list[list[int]], clients: int, tokens: int) -> None:
         self.engine, self.method, self.queue, self.clients = engine, method, list(prompts), clients
         longest = max(len(p) for p in prompts) + tokens + 1 + TREE_SCRATCH
-        budget = None if engine.budget is None else BatchBudget(engine.cost)  # its own, as on a server of its own
+        budget = engine.own_budget()  # as on a server of its own
         self.sched = Scheduler(engine, clients, longest, engine.tokenizer.eos_ids, budget, interleave_prefill=True)
         self.gen = engine.config(method=method, max_new_tokens=tokens, ignore_eos=True)
         self.seconds, self.tokens, self.steps, self.drafters = 0.0, 0, 0, Counter()

@@ -22,7 +22,6 @@ from paradec import methods as registry
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import markdown_table
 from paradec.companions import loadable
-from paradec.policy.budget import BatchBudget
 from paradec.scheduler import Scheduler
 from paradec.zoo import bundled, default_gguf
 
@@ -89,8 +88,7 @@ def lockstep(engine, conv, methods: dict[str, dict], max_new_tokens: int) -> dic
         # a draft budget of its own, as the method has when it is the one a user runs: sharing the
         # engine's, interleaved methods moved each other's exploration and acceptance statistics
         # (over 6 runs: `auto` 0.98x `ar` shared, 1.06x own; `medusa` 0.89x, 0.93x; `eagle+ngram` 0.93x, 0.99x)
-        budget = None if engine.budget is None else BatchBudget(engine.cost)
-        sched = Scheduler(engine, 1, need, engine.tokenizer.eos_ids, budget)
+        sched = Scheduler(engine, 1, need, engine.tokenizer.eos_ids, engine.own_budget())
         t = time.perf_counter()
         sched.admit(rows, gen, drafter)
         lanes.append((name, sched, rows[0], [time.perf_counter() - t]))

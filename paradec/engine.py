@@ -56,6 +56,11 @@ class Engine:
         self.cost: PassCost | None = None  # the measured pass-cost curve of the format it runs in (``paradec.cpu``)
         self.format: FormatChoice | None = None  # which format, and why (``load``)
 
+    def own_budget(self) -> BatchBudget | None:
+        """A draft budget like this engine's but of its own (None where trees are verified whole):
+        for a method decoded in turn with others, so their statistics do not move each other's."""
+        return None if self.budget is None else BatchBudget(self.cost)
+
     def load_companion(self, name: str, value: Any) -> None:
         """Load companion ``name`` (a path, or paths) beside this target (``paradec.companions``)."""
         companion = companions.get(name)

@@ -85,7 +85,7 @@ class Runners:
                 temperature=cfg.temperature,
                 **limits,
             )
-        self._budgets: dict[str, BatchBudget] = {}  # method -> its draft budget (``_method``)
+        self._budgets: dict[str, BatchBudget | None] = {}  # method -> its draft budget (``_method``)
         # a peer's name -> how it is decoded (a registered method: ``_method``)
         self._peer_runners = {
             "oracle": self._oracle,
@@ -113,9 +113,9 @@ class Runners:
         base, quant = split_method(method, self.cfg.quant)
         engine = self.engines[quant]
         opts = method_options(base, self.cfg.options)
-        if engine.budget is not None:  # a draft budget per method, as it has when a user runs it alone:
-            # methods decoded in turn on one engine moved each other's statistics (``paradec demo``)
-            engine.budget = self._budgets.setdefault(method, BatchBudget(engine.cost))
+        if method not in self._budgets:  # a draft budget per method, as it has when a user runs it alone
+            self._budgets[method] = engine.own_budget()
+        engine.budget = self._budgets[method]
         out = engine.generate(batch, method=base, **opts, **self.options())
         if own_loop(method):  # its own text (ASPD: markup is overhead, not output)
             return [engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]

@@ -237,15 +237,14 @@ class Transformer(nn.Module):
         if start == 0:
             x = self.embed(x)
         cos, sin = self.rope(positions, x.dtype)
-        if cache is not None and not prefill and mask is not None:
-            # the cached attention's form, once for every layer
-            mask = attention_bias(mask, torch.float64 if self.exact else torch.float32)
-        if cache is not None and not prefill:
-            for kernels in self.plan()[start:stop]:
-                x = decode_layer(kernels, x, cos, sin, mask, cache, slots)
+        if cache is None or prefill:  # training, scoring, a prompt: the modules
+            for block in self.layers[start:stop]:
+                x = block(x, cos, sin, mask, cache, slots, prefill)
             return x
-        for block in self.layers[start:stop]:
-            x = block(x, cos, sin, mask, cache, slots, prefill)
+        if mask is not None:  # the cached attention's form, once for every layer
+            mask = attention_bias(mask, torch.float64 if self.exact else torch.float32)
+        for kernels in self.plan()[start:stop]:  # a decode step or a tree: the decode plan
+            x = decode_layer(kernels, x, cos, sin, mask, cache, slots)
         return x
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
