@@ -55,6 +55,9 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--peer", default="llamacpp")
     args = ap.parse_args()
+    missing = [run for run in args.runs if not (run / "results.json").is_file()]
+    if missing:  # a run still going (or stopped) has only partial.json
+        ap.error(f"{missing[0]} has no results.json; give a finished `paradec bench --out` folder")
     print("\n\n".join(table(run, args.peer) for run in args.runs))
 
 

@@ -69,7 +69,7 @@ BACKENDS = ("auto", "torch", "llamacpp")  # what ``paradec.load(backend=...)`` t
 BATCH = 512  # tokens per llama_decode call (a longer prefill is cut into pieces of this)
 INSTALL = (  # without llamafile's GEMM, this build verifies drafted chains exactly (module docstring)
     "CMAKE_ARGS='-DGGML_LLAMAFILE=OFF' pip install -e '.[llamacpp]' "
-    "(it builds llama.cpp from source, ~10-40 minutes on 2 cores)"
+    "(it builds llama.cpp from source, ~7-40 minutes on 2 cores)"
 )
 
 
