@@ -7,7 +7,7 @@ import pytest
 
 import paradec
 from paradec.cpu import PassCost
-from paradec.policy.budget import EXPLORE_EVERY, BatchBudget
+from paradec.policy.budget import EXPLORE_EVERY, HURDLE, BatchBudget
 from paradec.policy.dynamic import CurveLatency
 
 # repetitive prompts: prompt lookup finds long matches, so chains are long and differ by row
@@ -114,6 +114,18 @@ def test_a_steep_curve_falls_back_toward_ar_and_a_flat_one_verifies_every_chain(
     assert s.token_ids == f.token_ids == ar.token_ids
     assert s.stats.verified - s.stats.steps <= 2 * (s.stats.steps // EXPLORE_EVERY + 1)
     assert f.stats.verified == f.stats.nodes > f.stats.steps
+
+
+def test_a_width_that_gains_less_than_the_hurdle_is_not_verified():
+    """A node accepted 74 % of the time, where 2 tokens cost 1.7 steps: 2 % more tokens per second
+    on paper, not verified (at hurdle 0: verified); accepted 90 % of the time: verified."""
+    curve = PassCost("llamacpp-like", (1, 2, 4), (0.010, 0.017, 0.0266))
+    for rate, hurdle, width in ((0.74, HURDLE, 1), (0.74, 0.0, 2), (0.9, HURDLE, 2)):
+        budget = BatchBudget(curve)
+        budget.hurdle = hurdle
+        for i in range(400):
+            budget.observe("pld", 1, 1, [1] if i * 7919 % 1000 < rate * 1000 else [])
+        assert budget.choose([("pld", 1)]) == width, (rate, hurdle)
 
 
 def test_curve_latency_keeps_the_shape_and_learns_the_scale():

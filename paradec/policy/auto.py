@@ -19,7 +19,8 @@ For a row in a pass of ``batch`` rows, drafter a with its tree cut to w nodes (r
   passes serve every row of its group at once, so a row's share is the step's drafting time over
   the group's rows; ``choose_group`` then drops a drafter that too few of them chose to pay for.
 
-`ar` is w = 1: value 1 / T(batch) / batch. A drafter's statistics forget with its own observations
+`ar` is w = 1: value 1 / T(batch) / batch; an option that drafts is chosen over it only when its
+value is HURDLE (5 %) higher (``policy.budget``). A drafter's statistics forget with its own observations
 only, so one tried rarely keeps what was measured of it; a row whose choice has been `ar` for
 EXPLORE_EVERY steps tries its next-best drafter once, so statistics that have drifted are seen again.
 
@@ -40,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from paradec.cpu import PassCost
-from paradec.policy.budget import Acceptance
+from paradec.policy.budget import HURDLE, Acceptance
 from paradec.policy.dynamic import CurveLatency, LatencyModel
 
 EXPLORE_EVERY = 48  # steps of `ar` in a row after which a row tries its next-best drafter once
@@ -92,6 +93,7 @@ class AutoStats:
     retired: dict[str, int] = field(default_factory=dict)  # model drafter -> the row-step it is offered again
     rate: float = 0.0  # tokens per second of a pass shared with other groups' rows (recent average; 0: none yet)
     overhead: float = 0.0  # seconds a row's step costs besides the pass and drafting: accepting, committing
+    hurdle: float = HURDLE  # how much more per second drafting must be expected to commit than `ar`
 
     def __post_init__(self) -> None:
         self.latency = CurveLatency(self.curve) if self.curve is not None else LatencyModel()
@@ -230,6 +232,7 @@ def _rank(
     tokens, option, width) and builds a ``Choice`` only for what it returns."""
     plain = (1.0 / (stats.pass_s(batch) / batch + stats.overhead), 1.0, None, 1)
     best, runner_up, every = plain, None, [plain]
+    bar = plain[0] * (1 + (0.0 if stats.frozen else stats.hurdle))  # what a drafting option must beat (HURDLE)
     for opt in options:
         cost = stats.draft_cost(opt.drafter, rows) + stats.overhead
         gained = 0.0
@@ -237,7 +240,7 @@ def _rank(
             gained += rate
             value = (1.0 + gained) / (stats.pass_s(batch * w) / batch + cost)
             every.append((value, 1.0 + gained, opt, w))
-            if value > best[0] * (1 + 1e-9):
+            if value > max(best[0], bar) * (1 + 1e-9):
                 best = every[-1]
             if runner_up is None or value > runner_up[0]:
                 runner_up = every[-1]

@@ -20,7 +20,10 @@ scale refit on measured passes (``CurveLatency``); without a curve, a line refit
 
 Only greedy trees are cut (under sampling, which draws are kept must not depend on their values),
 and not the trees of a drafter that sizes its own with a cost model (ProPD's dynamic trees).
-With a curve, W = 1 where drafted nodes do not pay; and where even the best W does not pay for
+With a curve, W = 1 where drafted nodes do not pay, or pay less than HURDLE (5 %) more per
+second than a plain step, the part of the model's estimate that its unmodeled costs eat (on 2
+AVX2 cores a llama.cpp pass of 2 tokens costs 1.7 `ar` steps, and chains accepted 70-75 % of
+the time were verified at a loss); and where even the best W does not pay for
 the drafting's own measured time (an SSM's or a head's passes), ``next_width`` tells the drafters to
 skip drafting (width 0): the method then runs as `ar` does, looking again every ``EXPLORE_EVERY``
 steps.
@@ -37,6 +40,10 @@ from paradec.tree.proposal import Proposal
 PRIOR_ACCEPT = 0.6  # the prior chance of a chain's node d is PRIOR_ACCEPT x node d - 1's rate ...
 PRIOR_WEIGHT = 2.0  # ... worth this many observations
 EXPLORE_EVERY = 16  # a budget that verifies nothing past the root tries 2 more nodes this often
+# drafting is chosen over a plain step only when it is expected to commit this much more per second:
+# the costs a drafted step has beyond its pass and its drafter (accepting a tree, committing its rows,
+# a pass at a longer context than the curve's) are not in the model, and a gain smaller than them is a loss
+HURDLE = 0.05
 
 
 def size_class(proposed: int) -> int:
@@ -101,6 +108,7 @@ class BatchBudget:
         self.last_trees: list[tuple[str, int]] = []  # the last step's drafted rows (method, proposed nodes)
         self.skipped = 0  # steps in a row whose drafting was skipped because it did not pay
         self.drafted = 0  # steps in a row that drafted (a measured curve: a plain step is taken to time one)
+        self.hurdle = HURDLE
 
     def rate(self, method: str, proposed: int, node: int) -> float:
         return self.accept.rate((method, size_class(proposed)), node)
@@ -122,7 +130,7 @@ class BatchBudget:
         for w in range(1, widest + 1):
             tokens = sum(self.expected(m, p, w) for m, p in trees) + sum(g[min(w, len(g)) - 1] for g in priced)
             value = tokens / self.latency.predict(batch * w)
-            if value > best * (1 + 1e-9):
+            if value > best * (1 + (self.hurdle if w > 1 and best_w == 1 else 1e-9)):
                 best, best_w = value, w
         self.quiet = self.quiet + 1 if best_w == 1 else 0
         if self.quiet >= EXPLORE_EVERY:  # the statistics past the root are only the prior's: look again
@@ -159,7 +167,7 @@ class BatchBudget:
             sum(self.expected(m, p, w) for m, p in trees) / (self.latency.predict(batch * w) + draft)
             for w in range(2, 2 + max(p for _, p in trees))
         )
-        if drafting >= plain:
+        if drafting >= plain * (1 + self.hurdle):
             self.skipped = 0
             self.drafted += 1
             if self.drafted >= 2 * EXPLORE_EVERY and self.latency.seen(batch) < 0.5:
