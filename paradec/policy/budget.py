@@ -108,7 +108,7 @@ class BatchBudget:
         self.last_trees: list[tuple[str, int]] = []  # the last step's drafted rows (method, proposed nodes)
         self.skipped = 0  # steps in a row whose drafting was skipped because it did not pay
         self.drafted = 0  # steps in a row that drafted (a measured curve: a plain step is taken to time one)
-        self.hurdle = HURDLE
+        self.hurdle = HURDLE  # how much more per second drafting must be expected to commit than a plain step
 
     def rate(self, method: str, proposed: int, node: int) -> float:
         return self.accept.rate((method, size_class(proposed)), node)
