@@ -126,12 +126,14 @@ class BatchBudget:
             w = self.probe.pop(0)
             return widest if w is None else min(w, widest)
         batch = len(trees) + len(priced)
-        best, best_w = -1.0, 1
+        best, best_w, bar = -1.0, 1, 0.0  # bar: what a width past the root must beat (HURDLE over width 1)
         for w in range(1, widest + 1):
             tokens = sum(self.expected(m, p, w) for m, p in trees) + sum(g[min(w, len(g)) - 1] for g in priced)
             value = tokens / self.latency.predict(batch * w)
-            if value > best * (1 + (self.hurdle if w > 1 and best_w == 1 else 1e-9)):
+            if value > max(best, bar) * (1 + 1e-9):
                 best, best_w = value, w
+            if w == 1:
+                bar = value * (1 + self.hurdle)
         self.quiet = self.quiet + 1 if best_w == 1 else 0
         if self.quiet >= EXPLORE_EVERY:  # the statistics past the root are only the prior's: look again
             self.quiet = 0
