@@ -36,6 +36,7 @@ class Lane:
         budget = engine.own_budget()  # as on a server of its own
         self.sched = Scheduler(engine, clients, longest, engine.tokenizer.eos_ids, budget, interleave_prefill=True)
         self.gen = engine.config(method=method, max_new_tokens=tokens, ignore_eos=True)
+        registry.get(method).drafter(engine, self.gen)  # its one-time set-up, done before a server's first request
         self.seconds, self.tokens, self.steps, self.drafters = 0.0, 0, 0, Counter()
 
     @property

@@ -128,6 +128,21 @@ def test_a_width_that_gains_less_than_the_hurdle_is_not_verified():
         assert budget.choose([("pld", 1)]) == width, (rate, hurdle)
 
 
+def test_looks_past_the_root_cost_at_most_their_share_of_the_time():
+    """A look verifies 2 more nodes of every row: at 4 rows where 12 positions cost 2.2 passes of
+    4 (2 AVX2 cores), the budget looks every ~120 choices, not every 16 as where positions are
+    free; rows that auto priced (it scores their declined chains itself) are never looked at."""
+    steep = PassCost("avx2-like", (1, 4, 8, 16), (0.028, 0.040, 0.064, 0.109))
+    for curve, looks in ((steep, 2), (PassCost.flat(), 20)):
+        budget = BatchBudget(curve)
+        for _ in range(200):
+            budget.observe("pld", 2, 2, [])  # chains that never get accepted: the root alone pays
+        widths = [budget.choose([("pld", 2)] * 4) for _ in range(320)]
+        assert widths.count(3) == looks and set(widths) == {1, 3}, curve.format
+    priced = BatchBudget(steep)
+    assert {priced.choose([], [[1.0, 1.1, 1.15]] * 4) for _ in range(320)} == {1}
+
+
 def test_curve_latency_keeps_the_shape_and_learns_the_scale():
     curve = PassCost("c", (1, 4, 16), (0.010, 0.020, 0.080))
     lat = CurveLatency(curve)

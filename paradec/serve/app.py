@@ -173,6 +173,9 @@ class _Api:
         self.worker, self.engine, self.model_name = worker, worker.engine, model_name
         self.default_method, self.max_tokens_limit = default_method, max_tokens_limit
         self.served = [m for m in methods.names() if methods.get(m).available(self.engine)]
+        if default_method in self.served and methods.get(default_method).drafter is not None:
+            # its companions' one-time set-up (EAGLE's LM rows: 0.1-0.5 s) before the first request, not in it
+            methods.get(default_method).drafter(self.engine, self.engine.config(method=default_method))
 
     def submit(self, req: _Request, ids_of: Callable[[], list[int]]) -> tuple[Job, asyncio.Queue]:
         """Check ``req``, queue its job on the worker; the queue receives its text pieces, then None."""
