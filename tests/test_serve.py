@@ -17,6 +17,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 import paradec  # noqa: E402
+from paradec import factories, methods  # noqa: E402
 from paradec.serve import build_app  # noqa: E402
 from paradec.testing import GGUF_CHAT_TEMPLATE  # noqa: E402
 
@@ -79,6 +80,19 @@ def solo(llama_dir, drafters):
 def client(served):
     server, _ = served
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def test_the_default_method_is_set_up_before_the_first_request(llama_dir, drafters):
+    """Its drafter's one-time set-up (EAGLE's LM rows: 0.1-0.5 s) runs when the app is built, so
+    the first request does not wait for it."""
+    built = []
+    count = lambda target, gen: built.append(gen.method) or factories.root(target, gen)  # noqa: E731
+    methods.register(methods.Method("counted", "`ar`, counting its drafters", drafter=count))
+    try:
+        build_app(_engine(llama_dir, drafters), NAME, method="counted")
+        assert built == ["counted"]
+    finally:
+        methods.unregister("counted")
 
 
 @pytest.mark.parametrize("method", METHODS)
