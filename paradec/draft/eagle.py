@@ -41,7 +41,7 @@ from paradec.draft.ngram import NgramDrafter
 from paradec.errors import ParadecError
 from paradec.models.eagle import EagleHead
 from paradec.options import option
-from paradec.policy.dynamic import SIZES, CurveLatency, LatencyModel
+from paradec.policy.dynamic import HURDLE, SIZES, CurveLatency, LatencyModel
 from paradec.sampling import probs
 from paradec.state import StepReport
 from paradec.tree import ScratchTree, pass_tensors
@@ -65,6 +65,7 @@ class EagleCostModel:
         # the measured pass-cost curve's shape (``paradec.cpu``), or a line fit on probed sizes
         self.latency = CurveLatency(curve) if curve is not None else LatencyModel()
         self.probe = [] if curve is not None else [1, 8, 32, 4, 16, 2]
+        self.hurdle = HURDLE  # how much more per second verified drafts must be expected to commit than none
 
     def _bin(self, p: float) -> int:
         return min(bisect.bisect_left(self.BINS, p), len(self.BINS) - 1)
@@ -85,12 +86,14 @@ class EagleCostModel:
         if self.probe:
             return self.probe.pop(0)
         rates = [[self.rate(s) for s in row] for row in scores]
-        best, best_n = -1.0, 0
+        best, best_n, bar = -1.0, 0, 0.0  # bar: what verifying drafted nodes must beat (HURDLE over none)
         for n in SIZES:
             tokens = sum(1.0 + sum(r[:n]) for r in rates)
             value = tokens / self.latency.predict(batch * (n + 1))
-            if value > best:
+            if value > max(best, bar):
                 best, best_n = value, n
+            if n == 0:
+                bar = value * (1 + self.hurdle)
         return best_n
 
 

@@ -35,17 +35,13 @@ import math
 from collections import defaultdict
 
 from paradec.cpu import PassCost
-from paradec.policy.dynamic import CurveLatency, LatencyModel
+from paradec.policy.dynamic import HURDLE, CurveLatency, LatencyModel
 from paradec.tree.proposal import Proposal
 
 PRIOR_ACCEPT = 0.6  # the prior chance of a chain's node d is PRIOR_ACCEPT x node d - 1's rate ...
 PRIOR_WEIGHT = 2.0  # ... worth this many observations
 EXPLORE_EVERY = 16  # a budget that verifies nothing past the root looks at 2 more nodes every this many choices ...
 LOOK_SHARE = 0.01  # ... or less often, so that its looks cost at most this share of the time (a look pads every row)
-# drafting is chosen over a plain step only when it is expected to commit this much more per second:
-# the costs a drafted step has beyond its pass and its drafter (accepting a tree, committing its rows,
-# a pass at a longer context than the curve's) are not in the model, and a gain smaller than them is a loss
-HURDLE = 0.05
 
 
 def size_class(proposed: int) -> int:

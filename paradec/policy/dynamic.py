@@ -24,6 +24,11 @@ from paradec.cpu import PassCost
 from paradec.tree.builders import top_paths_scored
 
 SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# drafting is chosen over a plain step only when it is expected to commit this much more per second,
+# by every cost model (this one, ``policy.budget``, ``policy.auto``, EAGLE's): the costs a drafted step
+# has beyond its pass and its drafter (accepting a tree, committing its rows, a pass at a longer context
+# than the curve's) are not in the models, and a gain smaller than them is a loss
+HURDLE = 0.05
 # Priors for heads trained without held-out statistics: head d's rank-r guess is the target's
 # token with probability RANK_PRIOR_BASE ** (r + 1); the early head's top-k holds the target's
 # next token with probability EARLY_RECALL_PRIOR. Both are replaced online as steps are observed.
@@ -237,6 +242,7 @@ class TreePolicy:
         self.latency_pruned = CurveLatency(curve) if curve is not None else LatencyModel()
         self.static_nodes = static_nodes
         self.explore_every = explore_every
+        self.hurdle = HURDLE  # how much more per second a drafted tree must be expected to commit than none
         self.last = 0  # the size chosen last (explored around when the latency has a measured curve)
         self.rng = random.Random(seed)
         self.steps = 0
@@ -299,14 +305,17 @@ class TreePolicy:
                 gain[n] += g * rows
                 gain_pruned[n] += gp * rows
         best, best_rate, self.prune_next = 0, 0.0, False
+        bar = 0.0  # what a size that drafts must beat: ``hurdle`` over drafting nothing
         for prune in (False, True) if can_prune else (False,):
             lat, g = (self.latency_pruned, gain_pruned) if prune else (self.latency, gain)
             for n in SIZES:
                 if prune and n == 0:
                     continue
                 rate = (batch + g[n]) / lat.predict(self.cost_tokens(batch, n + 1, pruned=prune))
-                if rate > best_rate:
+                if rate > max(best_rate, bar):
                     best, best_rate, self.prune_next = n, rate, prune
+                if n == 0:
+                    bar = rate * (1 + self.hurdle)
         self.last = best
         return best
 
