@@ -76,22 +76,26 @@ class Worker:
         self.own: list[Job] = []  # requests of methods with their own loop (ASPD)
         self.max_own = max_batch
         self._held: Job | None = None  # taken from the queue, waiting for a free place
-        self._stop = threading.Event()
+        # a plain flag, not a threading.Event: SIGTERM's handler sets it on the main thread, and a second
+        # SIGTERM (pkill signals `timeout` and its child alike) ran inside the first one's Event.set,
+        # which holds the Event's lock: the server hung for good
+        self._stopping = False
         self._thread = threading.Thread()  # set by start(); run() may also be called on the main thread
 
     def start(self) -> None:
         """Run the loop on a thread of its own (once; later calls do nothing)."""
-        if not self._thread.is_alive() and not self._stop.is_set():
+        if not self._thread.is_alive() and not self._stopping:
             self._thread = threading.Thread(target=self.run, name="paradec-engine", daemon=True)
             self._thread.start()
 
     def request_stop(self) -> None:
-        """Ask the loop to cancel what is running and waiting, and return (signal-safe)."""
-        self._stop.set()
+        """Ask the loop to cancel what is running and waiting, and return (signal-safe: one
+        attribute store, no lock, so a signal arriving inside it may call it again)."""
+        self._stopping = True
 
     def stop(self, timeout: float = 10.0) -> None:
         """``request_stop`` and wait for the loop's thread."""
-        self._stop.set()
+        self.request_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -109,7 +113,7 @@ class Worker:
     # ---- the loop (one thread: the worker's own, or the main thread) -------------------------
     def run(self) -> None:
         """The engine loop, until ``request_stop``; then every request still here ends as cancelled."""
-        while not self._stop.is_set():
+        while not self._stopping:
             self._admit()
             self._step_own()
             self.metrics.running.set(len(self.jobs) + len(self.own))
