@@ -11,10 +11,8 @@ import torch
 from conftest import two_token_joint_tv
 
 import paradec
-from paradec.cpu import PassCost
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.models.eagle import EagleHead
-from paradec.policy.dynamic import HURDLE
 from paradec.scheduler import Scheduler, prefill
 from paradec.state import Row
 from paradec.train.eagle import _batch_loss, draft_vocabulary, features
@@ -388,16 +386,3 @@ def test_training_time_test_reads_what_a_deep_draft_node_reads(engine):
     assert torch.equal(mask[:width, :width], torch.ones(width, width, dtype=torch.bool).tril())
     block_causal = torch.block_diag(*[torch.ones(width, width, dtype=torch.bool).tril()] * steps)
     assert not torch.equal(mask, block_causal | mask)  # step k sees none of its own step's other positions
-
-
-def test_a_draft_that_gains_less_than_the_hurdle_is_not_verified():
-    """EAGLE's cost model, as the budget's: a node of path confidence 0.8 accepted 74 % of the time,
-    where 2 tokens cost 1.7 steps, is 2 % more tokens per second on paper: not verified (at hurdle
-    0: verified); accepted 90 % of the time: verified."""
-    curve = PassCost("llamacpp-like", (1, 2, 4), (0.010, 0.017, 0.0266))
-    for rate, hurdle, nodes in ((0.74, HURDLE, 0), (0.74, 0.0, 1), (0.9, HURDLE, 1)):
-        cost = EagleCostModel(curve=curve)
-        cost.hurdle = hurdle
-        for i in range(400):
-            cost.observe(0.8, i * 7919 % 1000 < rate * 1000)
-        assert cost.choose(1, [[0.8]]) == nodes, (rate, hurdle)

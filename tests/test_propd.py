@@ -9,12 +9,10 @@ from conftest import PROMPTS, two_token_joint_tv
 
 import paradec
 import paradec.state
-from paradec.cpu import PassCost
 from paradec.draft import merge
 from paradec.draft.base import DraftTree
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
 from paradec.policy import Calibration, LatencyModel, TreePolicy
-from paradec.policy.dynamic import HURDLE
 from paradec.scheduler import Scheduler, prefill, verify_forward
 from paradec.tree.builders import top_paths
 from paradec.verify.prune import prune_proposal, pruned_pass
@@ -226,13 +224,3 @@ def test_a_pass_is_split_only_when_every_group_asks_for_it(engine, ar_tokens):
         split = [r.pruned for r in reports if r.drafted > 1]
         assert split and all(s != beside for s in split)
         assert any(r.recall for r in reports) != beside
-
-
-def test_a_tree_that_gains_less_than_the_hurdle_is_not_drafted():
-    """ProPD's cost model, as the budget's: a head guess accepted 74 % of the time, where 2 tokens
-    cost 1.7 steps, is 2 % more tokens per second on paper: no tree (at hurdle 0: one node); 90 %: one node."""
-    curve = PassCost("llamacpp-like", (1, 2, 4), (0.010, 0.017, 0.0266))
-    for score, hurdle, nodes in ((0.74, HURDLE, 0), (0.74, 0.0, 1), (0.9, HURDLE, 1)):
-        policy = TreePolicy([[0.5]], curve=curve)
-        policy.hurdle = hurdle
-        assert policy.choose(1, {0: [[score]]}) == nodes, (score, hurdle)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +17,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 import paradec  # noqa: E402
-from paradec import factories, methods  # noqa: E402
-from paradec.serve import Worker, build_app  # noqa: E402
+from paradec.serve import build_app  # noqa: E402
 from paradec.testing import GGUF_CHAT_TEMPLATE  # noqa: E402
 
 KEY = "test-key"
@@ -81,44 +79,6 @@ def solo(llama_dir, drafters):
 def client(served):
     server, _ = served
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
-
-
-def test_a_second_signal_inside_request_stop_does_not_hang_the_server(llama_dir, drafters):
-    """`paradec serve`'s SIGTERM handler calls ``request_stop`` on the main thread, and a second
-    SIGTERM (pkill signals `timeout` and its child alike) may run its handler inside the first's.
-    Simulated: at every Python call made inside ``request_stop``, ``request_stop`` again. It had
-    set a threading.Event, whose lock the inner call then waited for forever."""
-    worker = Worker(_engine(llama_dir, drafters), max_batch=1)
-
-    def second_signal(frame, event, arg):
-        if event == "call":
-            worker.request_stop()  # the profiler is off inside its own hook: one level deep
-
-    def first_signal():
-        sys.setprofile(second_signal)
-        try:
-            worker.request_stop()
-        finally:
-            sys.setprofile(None)
-
-    handler = threading.Thread(target=first_signal, daemon=True)
-    handler.start()
-    handler.join(10)
-    assert not handler.is_alive(), "request_stop deadlocked"
-    worker.run()  # stopped: it returns at once
-
-
-def test_the_default_method_is_set_up_before_the_first_request(llama_dir, drafters):
-    """Its drafter's one-time set-up (EAGLE's LM rows: 0.1-0.5 s) runs when the app is built, so
-    the first request does not wait for it."""
-    built = []
-    count = lambda target, gen: built.append(gen.method) or factories.root(target, gen)  # noqa: E731
-    methods.register(methods.Method("counted", "`ar`, counting its drafters", drafter=count))
-    try:
-        build_app(_engine(llama_dir, drafters), NAME, method="counted")
-        assert built == ["counted"]
-    finally:
-        methods.unregister("counted")
 
 
 @pytest.mark.parametrize("method", METHODS)
