@@ -47,6 +47,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         "noisy": prof.noisy,
         "backend": backend,
         "prompts": _prompts(model, choice),  # the weights prompt passes take (``cpu.prefill``)
+        "decode_ops": _decode_ops(),  # who runs a decode pass's small ops (``models.native``)
         "whole_model_ms_per_pass": {w: round(cost.predict(w) * 1000, 2) for w in WIDTHS},
         "ms_per_pass": {
             f: {w: round(c.predict(w) * 1000, 2) for w in WIDTHS}
@@ -71,6 +72,7 @@ def doctor(model: str | Path | None = None, remeasure: bool = False, as_json: bo
         if not prof.noisy
         else "profile   not cached: other processes kept the cores busy while measuring; rerun on a quiet machine",
         f"prompts   {report['prompts']}",
+        f"decode    {report['decode_ops']}",
         f"backend   {backend}",
         "",
         f"ms per target pass, by verified width (batch 1, {prof.shape}; one layer's time x layers + head, which "
@@ -88,6 +90,16 @@ def _whole(model, choice):
 
     cached = cached_curve(whole_key(choice.name, None, True, True), choice.profile_path)
     return cached or load(model, backend="torch", warmup=False, batch_budget=False).cost
+
+
+def _decode_ops() -> str:
+    """Who runs the norms, RoPE, KV writes, attention and residuals of a decode pass."""
+    from paradec.models.native import library
+
+    lib = library()
+    if lib is None:
+        return "torch's ops (no C compiler, no AVX2 + FMA, or PARADEC_NATIVE=0: the C small ops are off)"
+    return f"the small ops in C between torch's linears ({lib._name}; PARADEC_NATIVE=0 turns them off)"
 
 
 def _prompts(model, choice) -> str:

@@ -129,6 +129,18 @@ class KVCache:
         vs.permute(0, 2, 1, 3)[rows, idx] = v.permute(0, 2, 1, 3)
         return ks[..., :end], vs[:, :, :end]
 
+    def write_slots(self, n: int, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+        """Where a pass of n new tokens per row writes their K/V (``write``'s places), for a
+        kernel that writes them itself (``models.native``): slot [batch, n] int64, and the
+        number of slots the pass attends over."""
+        if slots is not None:
+            end = max(self.lengths) + int(slots.max()) + 1 if slots.numel() else max(self.lengths)
+        else:
+            end = self.span(n)
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
+        return self._write_index(n, slots)[1].contiguous(), end
+
     def _write_index(self, n: int, slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(row [batch, n], slot [batch, n]) of each new token, built once per pass: every layer
         writes to the same places (``slots``: scratch indices, else the next n per row)."""

@@ -17,6 +17,7 @@ from torch import nn
 from paradec.config import ModelConfig
 from paradec.kv import KVCache
 from paradec.models.decode import LayerKernels, attention_bias, decode_layer, linear, linear_kernel, rms_norm, rotate
+from paradec.models.native import native_layers, supports
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -189,7 +190,9 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.exact = True
         self.prefill_path: str | None = None  # the dense weights prompt passes take ("bf16", "fp32"; ``cpu.prefill``)
-        self._plan: tuple[int, int, list[LayerKernels]] | None = None  # (generation, id(self), per layer)
+        # the decode path's small ops in C (``models.native``): None where they build and fit, False: torch's
+        self.native: bool | None = None
+        self._plan: tuple[int, int, list[LayerKernels], bool] | None = None  # (generation, id, per layer, native)
 
     def set_exact(self, exact: bool) -> None:
         """Shape-invariant numerics for decode/verification passes (default): a token's K/V,
@@ -207,8 +210,16 @@ class Transformer(nn.Module):
         a move or cast of the whole model (``_apply``), ``set_exact``. (A layer moved or cast on
         its own, ``model.layers[i].to(...)``, is not seen: cast the model.)"""
         if self._plan is None or self._plan[:2] != (_GENERATION[0], id(self)):
-            self._plan = (_GENERATION[0], id(self), [block.kernels() for block in self.layers])
+            weight = self.embed.weight
+            native = self.exact and self.native is not False
+            native = native and supports(weight.dtype, weight.device, self.config.head_dim)
+            self._plan = (_GENERATION[0], id(self), [block.kernels() for block in self.layers], native)
         return self._plan[2]
+
+    def runs_native(self) -> bool:
+        """Whether decode and verification passes take the C small ops (``models.native``)."""
+        self.plan()
+        return self._plan[3]
 
     def _apply(self, fn, recurse=True):
         self._plan = None
@@ -241,6 +252,8 @@ class Transformer(nn.Module):
             for block in self.layers[start:stop]:
                 x = block(x, cos, sin, mask, cache, slots, prefill)
             return x
+        if self.runs_native():
+            return native_layers(self.plan()[start:stop], x, cos, sin, mask, cache, slots)
         if mask is not None:  # the cached attention's form, once for every layer
             mask = attention_bias(mask, torch.float64 if self.exact else torch.float32)
         for kernels in self.plan()[start:stop]:  # a decode step or a tree: the decode plan

@@ -1,0 +1,331 @@
+/* The small ops of a decode or verification pass, in C (paradec.models.native).
+
+A torch pass of SmolLM2 spends more time in ~45 small ops a layer (norms, RoPE, the KV writes,
+the attention, residual adds, SiLU) than in its linears: each op is a few microseconds of
+dispatch for little arithmetic. Here they are three calls a layer, between the linears, which
+stay torch's kernels.
+
+Every result for a token is computed by the same sequence of operations whatever the pass's
+shape (how many tokens, rows, visible keys), so an `ar` step and a verified tree agree bit for
+bit: the attention sums its visible keys in slot order, one query at a time, and nothing is
+reassociated (built without -ffast-math and without FMA contraction). Tensors are bf16 (dt = 1)
+or fp32 (dt = 0), computed in fp32, rounded to the model's dtype where torch's path rounds.
+*/
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t to_bf16(float f) { /* round to nearest even, as torch */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float ld(const void* p, int64_t i, int dt) {
+  return dt ? from_bf16(((const uint16_t*)p)[i]) : ((const float*)p)[i];
+}
+
+static inline void st(void* p, int64_t i, float v, int dt) {
+  if (dt)
+    ((uint16_t*)p)[i] = to_bf16(v);
+  else
+    ((float*)p)[i] = v;
+}
+
+static inline float rnd(float v, int dt) { return dt ? from_bf16(to_bf16(v)) : v; }
+
+/* x [rows, dim] += delta [rows, dim] (rounded; skipped when delta is NULL), then
+   out [rows, dim] = w * rms_norm(x): normalized in fp32, rounded, then scaled and rounded. */
+void pd_add_norm(void* x, const void* delta, const void* w, void* out, int64_t rows, int64_t dim, float eps,
+                 int dt) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t o = r * dim;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* eight running sums, lane i takes elements i mod 8 */
+    for (int64_t i = 0; i < dim; ++i) {
+      float v = ld(x, o + i, dt);
+      if (delta) {
+        v = rnd(v + ld(delta, o + i, dt), dt);
+        st(x, o + i, v, dt);
+      }
+      acc[i & 7] += v * v;
+    }
+    float ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    if (!out) continue;
+    for (int64_t i = 0; i < dim; ++i) st(out, o + i, ld(w, i, dt) * rnd(ld(x, o + i, dt) * inv, dt), dt);
+  }
+}
+
+/* gu [rows, 2 * inter] (gate | up) -> out [rows, inter] = silu(gate) * up, each rounded. */
+void pd_silu_mul(const void* gu, void* out, int64_t rows, int64_t inter, int dt) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      float g = ld(gu, r * 2 * inter + i, dt);
+      float s = rnd(g / (1.0f + expf(-g)), dt);
+      st(out, r * inter + i, s * ld(gu, r * 2 * inter + inter + i, dt), dt);
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define PD_AVX2 1
+#endif
+
+/* 1 where the attention's kernels are vectorized (AVX2 + FMA); elsewhere scalar fmaf loops,
+   the same bits but slower than torch's path, which then runs instead. */
+int pd_vectorized(void) {
+#ifdef PD_AVX2
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* e^x for x <= 0 (a softmax's shifted scores): Cephes' expf polynomial, every step an explicit
+   fmaf or product, so the 8-lane version below gives the scalar one's bits. */
+static inline float pd_exp(float x) {
+  if (x < -87.0f) return 0.0f;
+  float n = rintf(x * 1.44269504088896341f);
+  float r = fmaf(-n, 0.693359375f, x);
+  r = fmaf(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  float y = fmaf(p, r * r, r) + 1.0f;
+  uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+
+#ifdef PD_AVX2
+static inline __m256 pd_exp8(__m256 x) {
+  __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_setzero_ps(), n), _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_setzero_ps(), n), _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(dead, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
+}
+#endif
+
+/* scores [rows, end] = q [rows, hd] . keys [hd, end] (row d at kt + d * ks): each score a chain of
+   fmaf over d in order, whichever rows and keys share a block. Defined for fp32 and bf16 keys. */
+#define PD_SCORES(NAME, T, LOAD8, LD)                                                                      \
+  static void NAME(const float* q, int64_t rows, const T* kt, int64_t ks, int64_t hd, int64_t end, float* out) { \
+    int64_t r = 0;                                                                                         \
+    PD_SCORES_AVX2(T, LOAD8)                                                                               \
+    for (; r < rows; ++r)                                                                                  \
+      for (int64_t j = 0; j < end; ++j) {                                                                  \
+        float a = 0.0f;                                                                                    \
+        for (int64_t d = 0; d < hd; ++d) a = fmaf(q[r * hd + d], LD(kt + d * ks + j), a);                  \
+        out[r * end + j] = a;                                                                              \
+      }                                                                                                    \
+  }
+
+#ifdef PD_AVX2
+#define PD_SCORES_AVX2(T, LOAD8)                                                           \
+  for (; r + 4 <= rows; r += 4) {                                                          \
+    const float* q0 = q + r * hd;                                                          \
+    for (int64_t j = 0; j + 8 <= end; j += 8) {                                            \
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
+      for (int64_t d = 0; d < hd; ++d) {                                                   \
+        __m256 k = LOAD8(kt + d * ks + j);                                                 \
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(q0[d]), k, a0);                                \
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(q0[hd + d]), k, a1);                           \
+        a2 = _mm256_fmadd_ps(_mm256_set1_ps(q0[2 * hd + d]), k, a2);                       \
+        a3 = _mm256_fmadd_ps(_mm256_set1_ps(q0[3 * hd + d]), k, a3);                       \
+      }                                                                                    \
+      _mm256_storeu_ps(out + r * end + j, a0);                                             \
+      _mm256_storeu_ps(out + (r + 1) * end + j, a1);                                       \
+      _mm256_storeu_ps(out + (r + 2) * end + j, a2);                                       \
+      _mm256_storeu_ps(out + (r + 3) * end + j, a3);                                       \
+    }                                                                                      \
+    for (int64_t j = end - end % 8; j < end; ++j)                                          \
+      for (int64_t x = 0; x < 4; ++x) {                                                    \
+        float a = 0.0f;                                                                    \
+        for (int64_t d = 0; d < hd; ++d) a = fmaf(q0[x * hd + d], LD_OF(T)(kt + d * ks + j), a); \
+        out[(r + x) * end + j] = a;                                                        \
+      }                                                                                    \
+  }                                                                                        \
+  for (; r < rows; ++r) {                                                                  \
+    const float* qr = q + r * hd;                                                          \
+    for (int64_t j = 0; j + 8 <= end; j += 8) {                                            \
+      __m256 a = _mm256_setzero_ps();                                                      \
+      for (int64_t d = 0; d < hd; ++d)                                                     \
+        a = _mm256_fmadd_ps(_mm256_set1_ps(qr[d]), LOAD8(kt + d * ks + j), a);             \
+      _mm256_storeu_ps(out + r * end + j, a);                                              \
+    }                                                                                      \
+    for (int64_t j = end - end % 8; j < end; ++j) {                                        \
+      float a = 0.0f;                                                                      \
+      for (int64_t d = 0; d < hd; ++d) a = fmaf(qr[d], LD_OF(T)(kt + d * ks + j), a);      \
+      out[r * end + j] = a;                                                                \
+    }                                                                                      \
+  }
+static inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+#else
+#define PD_SCORES_AVX2(T, LOAD8)
+#endif
+static inline float ld_f32(const float* p) { return *p; }
+static inline float ld_bf16(const uint16_t* p) { return from_bf16(*p); }
+#define LD_OF(T) LD_OF_##T
+#define LD_OF_float ld_f32
+#define LD_OF_uint16_t ld_bf16
+PD_SCORES(pd_scores_f32, float, load8_f32, ld_f32)
+PD_SCORES(pd_scores_bf16, uint16_t, load8_bf16, ld_bf16)
+
+/* e [count] = exp(x - top) for x [count]; returns their sum, eight running sums by index mod 8. */
+static float pd_softmax_weights(float* x, int64_t count, float top) {
+  int64_t c = 0;
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#ifdef PD_AVX2
+  __m256 sum = _mm256_setzero_ps();
+  for (; c + 8 <= count; c += 8) {
+    __m256 e = pd_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(x + c, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  _mm256_storeu_ps(part, sum);
+#endif
+  for (; c < count; ++c) {
+    x[c] = pd_exp(x[c] - top);
+    part[c & 7] += x[c];
+  }
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+/* acc [hd] = sum over c of e[c] * v[seen[c], :] (row j at v + j * hd), in c's order for every
+   element. Defined for fp32 and bf16 values. */
+#ifdef PD_AVX2
+#define PD_WV_AVX2(LOAD8)                                              \
+  for (; d0 + 32 <= hd; d0 += 32) {                                    \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;        \
+    for (int64_t c = 0; c < count; ++c) {                              \
+      const __typeof__(v) vj = v + seen[c] * hd + d0;                  \
+      __m256 w = _mm256_set1_ps(e[c]);                                 \
+      a0 = _mm256_fmadd_ps(w, LOAD8(vj), a0);                          \
+      a1 = _mm256_fmadd_ps(w, LOAD8(vj + 8), a1);                      \
+      a2 = _mm256_fmadd_ps(w, LOAD8(vj + 16), a2);                     \
+      a3 = _mm256_fmadd_ps(w, LOAD8(vj + 24), a3);                     \
+    }                                                                  \
+    _mm256_storeu_ps(acc + d0, a0);                                    \
+    _mm256_storeu_ps(acc + d0 + 8, a1);                                \
+    _mm256_storeu_ps(acc + d0 + 16, a2);                               \
+    _mm256_storeu_ps(acc + d0 + 24, a3);                               \
+  }
+#else
+#define PD_WV_AVX2(LOAD8)
+#endif
+#define PD_WV(NAME, T, LOAD8, LD)                                                                          \
+  static void NAME(const float* e, const int64_t* seen, int64_t count, const T* v, int64_t hd, float* acc) { \
+    int64_t d0 = 0;                                                                                        \
+    PD_WV_AVX2(LOAD8)                                                                                      \
+    for (; d0 < hd; ++d0) {                                                                                \
+      float a = 0.0f;                                                                                      \
+      for (int64_t c = 0; c < count; ++c) a = fmaf(e[c], LD(v + seen[c] * hd + d0), a);                    \
+      acc[d0] = a;                                                                                         \
+    }                                                                                                      \
+  }
+PD_WV(pd_values_f32, float, load8_f32, ld_f32)
+PD_WV(pd_values_bf16, uint16_t, load8_bf16, ld_bf16)
+
+/* One layer's attention for a pass of n tokens in each of b rows.
+
+   qkv [b, n, (heads + 2 kvh) * hd]: the tokens' projections; cos, sin [b, n, hd]: RoPE tables,
+   sin's first half negated (x * cos + roll(x, hd / 2) * sin). Keys go to kc (row r at
+   kc + r * k_row: [kvh, hd, max_len], transposed) and values to vc (row r at vc + r * v_row:
+   [kvh, max_len, hd]) at slot idx[r, i] [b, n]; then each query attends over the slots
+   [0, end) its mask row shows (mask [b, n, mask_span] bytes, NULL: all of them) -> out
+   [b, n, heads * hd]. */
+void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int64_t k_row, void* vc, int64_t v_row,
+               const int64_t* idx, const uint8_t* mask, int64_t mask_span, void* out, int64_t b, int64_t n,
+               int64_t heads, int64_t kvh, int64_t hd, int64_t max_len, int64_t end, int dt) {
+  const int64_t width = (heads + 2 * kvh) * hd, half = hd / 2, rep = heads / kvh, es = dt ? 2 : 4;
+  const float scale = 1.0f / sqrtf((float)hd);
+  float* q = malloc(sizeof(float) * (size_t)(n * heads * hd)); /* one row's rotated queries */
+  float* s = malloc(sizeof(float) * (size_t)(rep * end)); /* the group's scores for one query */
+  float* e = malloc(sizeof(float) * (size_t)end);         /* one head's visible scores, then weights */
+  int64_t* seen = malloc(sizeof(int64_t) * (size_t)end);
+  float acc[512];
+  for (int64_t r = 0; r < b; ++r) {
+    char* kr = (char*)kc + r * k_row * es;
+    char* vr = (char*)vc + r * v_row * es;
+    for (int64_t i = 0; i < n; ++i) { /* RoPE; write K/V; keep the queries */
+      int64_t t = (r * n + i), slot = idx[t];
+      for (int64_t h = 0; h < heads + kvh; ++h) {
+        int64_t base = t * width + h * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          float c = ld(cos, t * hd + d, dt), sn = ld(sin, t * hd + d, dt);
+          float x = ld(qkv, base + d, dt), y = ld(qkv, base + (d + half) % hd, dt);
+          float rot = rnd(rnd(x * c, dt) + rnd(y * sn, dt), dt);
+          if (h < heads)
+            q[(i * heads + h) * hd + d] = rot;
+          else
+            st(kr, ((h - heads) * hd + d) * max_len + slot, rot, dt);
+        }
+      }
+      for (int64_t g = 0; g < kvh; ++g)
+        for (int64_t d = 0; d < hd; ++d)
+          st(vr, (g * max_len + slot) * hd + d, ld(qkv, t * width + (heads + kvh + g) * hd + d, dt), dt);
+    }
+    for (int64_t g = 0; g < kvh; ++g) {
+      const char* kg = kr + g * hd * max_len * es; /* [hd, max_len] */
+      const char* vg = vr + g * max_len * hd * es; /* [max_len, hd] */
+      for (int64_t i = 0; i < n; ++i) { /* the group's rep heads of query i: rows of q */
+        const float* qi = q + (i * heads + g * rep) * hd;
+        if (dt)
+          pd_scores_bf16(qi, rep, (const uint16_t*)kg, max_len, hd, end, s);
+        else
+          pd_scores_f32(qi, rep, (const float*)kg, max_len, hd, end, s);
+        const uint8_t* m = mask ? mask + (r * n + i) * mask_span : NULL;
+        int64_t count = 0;
+        for (int64_t j = 0; j < end; ++j)
+          if (!m || (j < mask_span && m[j])) seen[count++] = j;
+        for (int64_t h = 0; h < rep; ++h) {
+          const float* sh = s + h * end;
+          float top = -INFINITY;
+          for (int64_t c = 0; c < count; ++c) {
+            e[c] = sh[seen[c]] * scale;
+            top = e[c] > top ? e[c] : top;
+          }
+          float total = pd_softmax_weights(e, count, top);
+          if (dt)
+            pd_values_bf16(e, seen, count, (const uint16_t*)vg, hd, acc);
+          else
+            pd_values_f32(e, seen, count, (const float*)vg, hd, acc);
+          int64_t o = (r * n + i) * heads * hd + (g * rep + h) * hd;
+          for (int64_t d = 0; d < hd; ++d) st(out, o + d, acc[d] / total, dt);
+        }
+      }
+    }
+  }
+  free(q);
+  free(s);
+  free(e);
+  free(seen);
+}

@@ -1,0 +1,158 @@
+"""The decode path's small ops in C (``native.c``), between torch's linears.
+
+A torch decode step of SmolLM2 (int4, 2 cores of an AVX2 EPYC, 200-token context) takes 27 ms,
+of which 15.6 ms is neither the linears nor the LM head: ~45 small ops a layer (norms, RoPE, the
+KV writes, the exact attention, residual adds, SiLU) at a few microseconds of dispatch each
+(``benchmarks/pass_cost.py --parts``). ``native_layers`` runs a layer as three C calls and the
+layer's four linears, which stay torch's kernels.
+
+The C code is compiled on first use with the system's C compiler (``cc``, or ``$CC``) into
+``$PARADEC_HOME/native`` (one library per source, compiler and CPU), ~1 s, and loaded with
+ctypes. Without a compiler, on a CPU without AVX2 and FMA (its loops would be scalar), or with
+``PARADEC_NATIVE=0``, the torch path runs, as before.
+
+Its numerics are shape-invariant by construction: a token's result is the same sequence of fp32
+operations in an `ar` step and in a tree (the attention sums its visible keys in slot order; no
+reassociation, no FMA contraction), so greedy verification stays token-identical to `ar`, at the
+price of fp32 arithmetic where the torch path needs fp64 for the same guarantee. It is another
+rounding of the same model than the torch path's: every decode and verification pass of a model
+takes the one path (``Transformer.native``), so every method is lossless against the same target.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from paradec.kv import KVCache
+from paradec.models.decode import LayerKernels
+
+SOURCE = Path(__file__).with_name("native.c")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
+DTYPES = {torch.bfloat16: 1, torch.float32: 0}
+MAX_HEAD_DIM = 512  # the C attention's accumulator
+_i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+
+
+def _home() -> Path:
+    from paradec.models.gguf import paradec_home
+
+    return paradec_home() / "native"
+
+
+def _cpu_signature() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next(ln for ln in lines if ln.startswith(("flags", "Features")))
+    except (OSError, StopIteration):
+        flags = ""
+    return platform.machine() + flags
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled ``native.c``, built once per source, compiler and CPU; None where it cannot be
+    (no compiler, a build error, ``PARADEC_NATIVE=0``): the torch path runs instead."""
+    if os.environ.get("PARADEC_NATIVE", "1") == "0":
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join((cc, *FLAGS, _cpu_signature())).encode()).hexdigest()[:16]
+    path = _home() / f"decode-{key}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, then moved: never half-written
+            built = Path(tmp) / path.name
+            run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+            if run.returncode != 0:
+                why = run.stderr.strip()[:200]
+                warnings.warn(f"paradec: the native decode ops did not build ({why}); torch runs them", stacklevel=2)
+                return None
+            os.replace(built, path)
+    lib = ctypes.CDLL(str(path))
+    if not lib.pd_vectorized():  # scalar C loses to torch's vectorized ops: keep those
+        return None
+    lib.pd_add_norm.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]
+    lib.pd_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64, _int]
+    lib.pd_attend.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr] + [_i64] * 7 + [_int]
+    for fn in (lib.pd_add_norm, lib.pd_silu_mul, lib.pd_attend):
+        fn.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether this machine runs the C small ops (a model still needs ``supports``)."""
+    return library() is not None
+
+
+def supports(dtype: torch.dtype, device: torch.device | str, head_dim: int) -> bool:
+    """Whether a model of this dtype, device and head size can take the native path here."""
+    return dtype in DTYPES and torch.device(device).type == "cpu" and head_dim <= MAX_HEAD_DIM and library() is not None
+
+
+def _checked(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A linear's output as the C ops read it: contiguous, in the activations' dtype."""
+    if t.dtype != dtype:
+        raise RuntimeError(f"a linear returned {t.dtype} where the model's activations are {dtype}")
+    return t.contiguous()
+
+
+def native_layers(
+    plan: list[LayerKernels],
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mask: torch.Tensor | None,
+    cache: KVCache,
+    slots: torch.Tensor | None,
+) -> torch.Tensor:
+    """``decode_layer`` over the layers of ``plan`` in C: x [batch, n, hidden] -> [batch, n, hidden].
+
+    cos/sin [batch, n, 1, head_dim] in x's dtype; mask [batch, 1, n, span] bool (None: every
+    slot visible); slots [batch, n] (None: the next n). Writes the tokens' K/V."""
+    lib, dt = library(), DTYPES[x.dtype]
+    b, n, hidden = x.shape
+    x = x.contiguous().clone()  # the residual stream, updated in place
+    rows = b * n
+    idx, end = cache.write_slots(n, slots)  # [batch, n] int64, and the slots attended over
+    head_dim = cos.shape[-1]
+    cos, sin = (t.expand(b, n, 1, head_dim).contiguous() for t in (cos, sin))  # a row's own table
+    if mask is not None and mask.is_floating_point():  # an ``attention_bias``: 0 where visible
+        mask = mask == 0
+    m = None if mask is None else mask.expand(b, 1, n, mask.shape[-1]).reshape(b, n, -1).contiguous()
+    m_ptr, m_span = (None, 0) if m is None else (m.data_ptr(), m.shape[-1])
+    keys, values = cache.keys, cache.values  # [layers, capacity, kv, hd, max_len], [layers, capacity, kv, max_len, hd]
+    h = torch.empty_like(x)
+    delta = None
+    for k in plan:
+        kv_ptr = keys[k.layer].data_ptr(), values[k.layer].data_ptr()
+        lib.pd_add_norm(x.data_ptr(), delta, k.attn_norm.data_ptr(), h.data_ptr(), rows, hidden, k.eps, dt)
+        qkv = _checked(k.qkv(h), x.dtype)
+        att = torch.empty(b, n, k.heads * k.head_dim, dtype=x.dtype)
+        shape = (b, n, k.heads, k.kv_heads, k.head_dim, cache.max_len, end)
+        lib.pd_attend(
+            qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv_ptr[0], keys.stride(1), kv_ptr[1], values.stride(1),
+            idx.data_ptr(), m_ptr, m_span, att.data_ptr(), *shape, dt,
+        )  # fmt: skip
+        o = _checked(k.wo(att), x.dtype)
+        lib.pd_add_norm(x.data_ptr(), o.data_ptr(), k.mlp_norm.data_ptr(), h.data_ptr(), rows, hidden, k.eps, dt)
+        gu = _checked(k.gate_up(h), x.dtype)
+        act = torch.empty(b, n, k.inter, dtype=x.dtype)
+        lib.pd_silu_mul(gu.data_ptr(), act.data_ptr(), rows, k.inter, dt)
+        delta_t = _checked(k.down(act), x.dtype)
+        delta = delta_t.data_ptr()
+    if delta is not None:
+        lib.pd_add_norm(x.data_ptr(), delta, None, None, rows, hidden, 0.0, dt)
+    return x

@@ -1,0 +1,122 @@
+"""The decode path's small ops in C (``models.native``): the same model as torch's path, and a
+token's bits independent of the pass it is in (what greedy verification needs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import paradec
+from paradec.models.native import library
+
+pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler here: the torch path runs")
+
+
+def _pass(model, cache, ids: torch.Tensor, pos: torch.Tensor, mask, slots=None) -> torch.Tensor:
+    """ids, pos [batch, n]; mask [batch, 1, n, span] bool or None -> logits [batch, n, vocab]."""
+    with torch.inference_mode():
+        return model.logits(model.hidden(ids, pos, mask, cache, slots=slots))
+
+
+def _prefilled(model, prompt: torch.Tensor, room: int = 32):
+    """A cache holding ``prompt`` [batch, n] (the prompt pass, which both paths share)."""
+    cache = model.new_cache(prompt.shape[0], prompt.shape[1] + room)
+    with torch.inference_mode():
+        model.hidden(prompt, torch.arange(prompt.shape[1])[None].expand_as(prompt), None, cache, prefill=True)
+    for row in range(prompt.shape[0]):
+        cache.advance(row, prompt.shape[1])
+    return cache
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_native_computes_the_torch_paths_model(checkpoints, dtype, monkeypatch):
+    """A 6-token causal chain after a 9-token prompt: the C ops' logits are torch's up to rounding
+    (in bf16 the tiny model's are even the same bits; fp32 shows the other attention's rounding)."""
+    model = paradec.load(checkpoints["llama"], dtype=dtype).model
+    assert model.runs_native()
+    lib, calls = library(), []
+    attend = lib.pd_attend
+    monkeypatch.setattr(lib, "pd_attend", lambda *a: calls.append(1) or attend(*a))
+    prompt, chain = torch.tensor([[5, 17, 33, 80, 2, 9, 41, 7, 11]]), torch.tensor([[3, 8, 13, 21, 34, 55]])
+    pos = torch.arange(9, 15)[None]
+    mask = torch.ones(1, 1, 6, 15, dtype=torch.bool)
+    mask[..., 9:] = torch.ones(6, 6, dtype=torch.bool).tril()
+    native = _pass(model, _prefilled(model, prompt), chain, pos, mask)
+    assert len(calls) == model.config.num_layers  # one attention call a layer, in C
+    model.native = False
+    model._plan = None
+    assert not model.runs_native()
+    torch_path = _pass(model, _prefilled(model, prompt), chain, pos, mask)
+    tol = 2e-2 if dtype == "bf16" else 1e-4
+    torch.testing.assert_close(native.float(), torch_path.float(), atol=tol * torch_path.abs().max().item(), rtol=0)
+    if dtype == "fp32":
+        assert not torch.equal(native, torch_path)
+
+
+@pytest.mark.parametrize("dtype, quant", [("fp32", "int8"), ("bf16", "none")])
+def test_a_tokens_bits_do_not_depend_on_the_pass(checkpoints, dtype, quant):
+    """A token decoded alone (`ar` steps) == the same token inside a tree pass whose other
+    nodes sit between it and its ancestors, at scattered slots, beside a second row of another
+    length (the shapes a batched tree verification takes). fp32 activations show any 1-ulp
+    difference (an attention score scaled by 1 + 2^-23 in passes of more than one token fails
+    it), with int8 linears, whose rows do not depend on the row count (fp32 GEMMs' do); bf16 is
+    the format whose rounding greedy verification depends on."""
+    model = paradec.load(checkpoints["llama"], dtype=dtype, quant=quant).model
+    prompt = torch.tensor([[5, 17, 33, 80, 2, 9, 41, 7]])
+    path = [3, 8, 13]
+    cache = _prefilled(model, prompt)
+    alone = []
+    for i, tok in enumerate(path):  # `ar`: one token a pass, each committed
+        alone.append(_pass(model, cache, torch.tensor([[tok]]), torch.tensor([[8 + i]]), None)[0, -1])
+        cache.advance(0, 1)
+    # a tree: node 0 = path[0]; nodes 1, 2 = a sibling branch; node 3 = path[1] (child of 0);
+    # node 4 = path[2] (child of 3); parents [-1, 0, 1, 0, 3]
+    nodes = torch.tensor([[path[0], 99, 98, path[1], path[2]]])
+    parents = [-1, 0, 1, 0, 3]
+    depth = [0, 1, 2, 1, 2]
+    mask = torch.zeros(1, 1, 5, 13, dtype=torch.bool)
+    mask[..., :8] = True
+    for i in range(5):
+        j = i
+        while j >= 0:
+            mask[0, 0, i, 8 + j] = True
+            j = parents[j]
+    pos = torch.tensor([[8 + d for d in depth]])
+    tree = _pass(model, _prefilled(model, prompt), nodes, pos, mask)[0]
+    for got, want in zip((tree[0], tree[3], tree[4]), alone):
+        assert torch.equal(got, want)
+    # the same tree in row 1 of a batch whose row 0 has a longer prompt
+    long_prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]])
+    cache = model.new_cache(2, 40)
+    with cache.rows(0, 1) as sub, torch.inference_mode():
+        model.hidden(long_prompt, torch.arange(11)[None], None, sub, prefill=True)
+        sub.advance(0, 11)
+    with cache.rows(1, 1) as sub, torch.inference_mode():
+        model.hidden(prompt, torch.arange(8)[None], None, sub, prefill=True)
+        sub.advance(0, 8)
+    span = 11 + 5
+    both = torch.zeros(2, 1, 5, span, dtype=torch.bool)
+    both[0, 0, :, :11] = True
+    both[0, 0, :, 11:] = torch.ones(5, 5, dtype=torch.bool).tril()
+    both[1, 0, :, :8] = True
+    both[1, 0, :, 8:13] = mask[0, 0, :, 8:13]
+    ids = torch.cat([torch.tensor([[4, 4, 4, 4, 4]]), nodes])
+    positions = torch.cat([torch.arange(11, 16)[None], pos])
+    batched = _pass(model, cache, ids, positions, both)[1]
+    for got, want in zip((batched[0], batched[3], batched[4]), alone):
+        assert torch.equal(got, want)
+
+
+def test_the_library_is_built_once_and_reused(tmp_path):
+    """Built into $PARADEC_HOME/native on first use; a second process finds it there."""
+    env = {**os.environ, "PARADEC_HOME": str(tmp_path)}
+    code = "from paradec.models.native import library; assert library() is not None"
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    built = list((tmp_path / "native").glob("*.so"))
+    assert len(built) == 1
+    assert not [p for p in (tmp_path / "native").iterdir() if p.is_dir()]  # no half-built leftovers
