@@ -6,11 +6,19 @@ A pass of width w verifies a w-token chain after a 200-token context (the shape 
 step; w = 1 is an `ar` step): layers, final norm and LM head, with the default exact numerics.
 Formats are interleaved round by round; the table gives the median ms per pass and its ratio to
 the same format's w = 1 pass. Writes OUT/results.json.
+
+``--parts`` adds, per format, the same passes with the layers' linears made free (each returns an
+empty tensor of its output shape: what attention, norms, RoPE, the KV writes and the Python
+around them cost) and with the LM head left out as well. That is the floor no faster linear
+kernel goes below (``PARADEC_NATIVE=0``: with torch's small ops, not the C ones):
+
+    python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --parts --out benchmarks/results/pass_parts
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -20,10 +28,39 @@ import torch
 
 import paradec
 from paradec.bench.report import machine, markdown_table
+from paradec.models.decode import LayerKernels
 from paradec.zoo import default_gguf
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 CONTEXT = 200
+PARTS = ("", "-no-linears", "-no-linears-no-head")  # --parts: the whole pass, then without its parts
+
+
+def free(n_out: int):
+    """A linear that costs nothing: [..., in] -> an empty [..., n_out]."""
+    return lambda x: torch.empty(*x.shape[:-1], n_out, dtype=x.dtype)
+
+
+def free_linears(k: LayerKernels, hidden: int) -> LayerKernels:
+    """The layer ``k`` with every linear free (its norms, RoPE and attention as they are)."""
+    qkv = (k.heads + 2 * k.kv_heads) * k.head_dim
+    return dataclasses.replace(k, qkv=free(qkv), wo=free(hidden), gate_up=free(2 * k.inter), down=free(hidden))
+
+
+def parts(m: torch.nn.Module, with_parts: bool) -> dict[str, list[LayerKernels]]:
+    """The decode plan of each variant of ``m``: its own, and (``with_parts``) one with free linears."""
+    own = list(m.plan())
+    if not with_parts:
+        return {"": own}
+    hidden = m.norm.weight.shape[0]
+    free_plan = [free_linears(k, hidden) for k in own]
+    return {"": own, PARTS[1]: free_plan, PARTS[2]: free_plan}
+
+
+def one_pass(m, tokens: torch.Tensor, pos: torch.Tensor, mask, cache, head: bool) -> None:
+    """One cached pass: tokens, pos [1, w]; mask [1, 1, w, span] bool or None (w = 1)."""
+    h = m.hidden(tokens, pos, mask, cache)
+    m.normed_logits(h) if head else m.norm(h)
 
 
 def main() -> None:
@@ -31,38 +68,47 @@ def main() -> None:
     ap.add_argument("--quants", default="none,int8,int4")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--passes", type=int, default=5, help="passes per (format, width) per round")
+    ap.add_argument("--widths", default=",".join(map(str, WIDTHS)))
+    ap.add_argument("--parts", action="store_true", help="also time each pass without its linears (and head)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    models = {q: paradec.load(default_gguf(), quant=q).model for q in args.quants.split(",")}
-    times: dict[tuple[str, int], list[float]] = {(q, w): [] for q in models for w in WIDTHS}
+    widths = [int(w) for w in args.widths.split(",")]
+    models = {q: paradec.load(default_gguf(), quant=q, backend="torch").model for q in args.quants.split(",")}
+    plans = {q + part: plan for q, m in models.items() for part, plan in parts(m, args.parts).items()}
+    variants = [(q, part) for q in models for part in (PARTS if args.parts else PARTS[:1])]
+    times: dict[tuple[str, int], list[float]] = {(q + part, w): [] for q, part in variants for w in widths}
     with torch.inference_mode():
         caches = {}
         prompt = torch.randint(0, 1000, (1, CONTEXT))
         for q, m in models.items():
-            caches[q] = m.new_cache(1, CONTEXT + max(WIDTHS) + 1)
+            caches[q] = m.new_cache(1, CONTEXT + max(widths) + 1)
             m.hidden(prompt, torch.arange(CONTEXT)[None], None, caches[q])
             caches[q].advance(0, CONTEXT)
         for _ in range(args.rounds):
-            for w in WIDTHS:
+            for w in widths:
                 tokens = torch.randint(0, 1000, (1, w))
                 pos = torch.arange(CONTEXT, CONTEXT + w)[None]
                 mask = torch.ones(w, CONTEXT + w, dtype=torch.bool)
                 mask[:, CONTEXT:] = torch.ones(w, w, dtype=torch.bool).tril()
                 mask = None if w == 1 else mask[None, None]
-                for q, m in models.items():
-                    m.normed_logits(m.hidden(tokens, pos, mask, caches[q]))  # warm
+                for q, part in variants:
+                    m = models[q]
+                    m._plan = (*m._plan[:2], plans[q + part], *m._plan[3:])  # the decode plan this variant runs
+                    head = part != PARTS[2]
+                    one_pass(m, tokens, pos, mask, caches[q], head)  # warm
                     t = time.perf_counter()
                     for _ in range(args.passes):
-                        m.normed_logits(m.hidden(tokens, pos, mask, caches[q]))
-                    times[(q, w)].append((time.perf_counter() - t) / args.passes * 1000)
+                        one_pass(m, tokens, pos, mask, caches[q], head)
+                    times[(q + part, w)].append((time.perf_counter() - t) / args.passes * 1000)
+                    m._plan = (*m._plan[:2], plans[q], *m._plan[3:])
     rows = []
-    for q in models:
-        base = statistics.median(times[(q, 1)])
-        for w in WIDTHS:
-            ms = statistics.median(times[(q, w)])
-            rows.append({"quant": q, "width": w, "ms_per_pass": round(ms, 2), "vs_width_1": round(ms / base, 2)})
+    for q, part in variants:
+        base = statistics.median(times[(q, widths[0])])
+        for w in widths:
+            ms = statistics.median(times[(q + part, w)])
+            rows.append({"quant": q + part, "width": w, "ms_per_pass": round(ms, 2), "vs_width_1": round(ms / base, 2)})
     (out_dir / "results.json").write_text(
         json.dumps(
             {
