@@ -268,7 +268,8 @@ void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int6
   const int64_t width = (heads + 2 * kvh) * hd, half = hd / 2, rep = heads / kvh, es = dt ? 2 : 4;
   const float scale = 1.0f / sqrtf((float)hd);
   float* q = malloc(sizeof(float) * (size_t)(n * heads * hd)); /* one row's rotated queries */
-  float* s = malloc(sizeof(float) * (size_t)(rep * end)); /* the group's scores for one query */
+  float* qg = malloc(sizeof(float) * (size_t)(n * rep * hd)); /* one KV group's queries */
+  float* s = malloc(sizeof(float) * (size_t)(n * rep * end));  /* and their scores */
   float* e = malloc(sizeof(float) * (size_t)end);         /* one head's visible scores, then weights */
   int64_t* seen = malloc(sizeof(int64_t) * (size_t)end);
   float acc[512];
@@ -296,18 +297,19 @@ void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int6
     for (int64_t g = 0; g < kvh; ++g) {
       const char* kg = kr + g * hd * max_len * es; /* [hd, max_len] */
       const char* vg = vr + g * max_len * hd * es; /* [max_len, hd] */
-      for (int64_t i = 0; i < n; ++i) { /* the group's rep heads of query i: rows of q */
-        const float* qi = q + (i * heads + g * rep) * hd;
-        if (dt)
-          pd_scores_bf16(qi, rep, (const uint16_t*)kg, max_len, hd, end, s);
-        else
-          pd_scores_f32(qi, rep, (const float*)kg, max_len, hd, end, s);
+      for (int64_t i = 0; i < n; ++i) /* the group's queries, row (i, h) at (i * rep + h) * hd */
+        memcpy(qg + i * rep * hd, q + (i * heads + g * rep) * hd, sizeof(float) * (size_t)(rep * hd));
+      if (dt)
+        pd_scores_bf16(qg, n * rep, (const uint16_t*)kg, max_len, hd, end, s);
+      else
+        pd_scores_f32(qg, n * rep, (const float*)kg, max_len, hd, end, s);
+      for (int64_t i = 0; i < n; ++i) {
         const uint8_t* m = mask ? mask + (r * n + i) * mask_span : NULL;
         int64_t count = 0;
         for (int64_t j = 0; j < end; ++j)
           if (!m || (j < mask_span && m[j])) seen[count++] = j;
         for (int64_t h = 0; h < rep; ++h) {
-          const float* sh = s + h * end;
+          const float* sh = s + (i * rep + h) * end;
           float top = -INFINITY;
           for (int64_t c = 0; c < count; ++c) {
             e[c] = sh[seen[c]] * scale;
@@ -326,6 +328,7 @@ void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int6
   }
   free(q);
   free(s);
+  free(qg);
   free(e);
   free(seen);
 }
