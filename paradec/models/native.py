@@ -1,10 +1,10 @@
 """The decode path's small ops in C (``native.c``), between torch's linears.
 
-A torch decode step of SmolLM2 (int4, 2 cores of an AVX2 EPYC, 200-token context) takes 27 ms,
-of which 15.6 ms is neither the linears nor the LM head: ~45 small ops a layer (norms, RoPE, the
+A torch decode step of SmolLM2 (int4, 2 cores of an AVX2 EPYC, 200-token context) took 24-27 ms,
+of which 10-16 ms was neither the linears nor the LM head: ~45 small ops a layer (norms, RoPE, the
 KV writes, the exact attention, residual adds, SiLU) at a few microseconds of dispatch each
-(``benchmarks/pass_cost.py --parts``). ``native_layers`` runs a layer as three C calls and the
-layer's four linears, which stay torch's kernels.
+(``benchmarks/pass_cost.py --parts``), about llama.cpp's whole step. ``native_layers`` runs a
+layer as three C calls and the layer's four linears, which stay torch's kernels (4 ms left).
 
 The C code is compiled on first use with the system's C compiler (``cc``, or ``$CC``) into
 ``$PARADEC_HOME/native`` (one library per source, compiler and CPU), ~1 s, and loaded with
