@@ -19,7 +19,8 @@ LONG = "import os\nimport sys\n\n" + "".join(f"def f{i}(x):\n    return x + {i}\
 
 @pytest.fixture(scope="module")
 def engine(llama_dir):
-    return paradec.load(llama_dir, dtype="bf16", warmup=False)
+    # a flat pass-cost curve: whether a chain pays must not depend on this CPU's measured speed
+    return paradec.load(llama_dir, dtype="bf16", warmup=False, cost=PassCost.flat())
 
 
 def _group(engine, sched, prompt, method="ar", **opts):

@@ -112,12 +112,8 @@ class KVCache:
         """
         n, batch = k.shape[2], self.batch
         ks, vs = self.keys[layer, :batch], self.values[layer, :batch]  # keys transposed, as in the store
-        if slots is not None:
-            end = max(self.lengths) + int(slots.max()) + 1 if slots.numel() else max(self.lengths)
-        else:
-            end = self.span(n)
-            if end > self.max_len:
-                raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
+        end = self._end(n, slots)
+        if slots is None:
             first = self.starts()[0]
             if all(start == first for start in self.starts()):
                 ks[..., first : first + n] = k.transpose(-1, -2)
@@ -133,13 +129,16 @@ class KVCache:
         """Where a pass of n new tokens per row writes their K/V (``write``'s places), for a
         kernel that writes them itself (``models.native``): slot [batch, n] int64, and the
         number of slots the pass attends over."""
+        return self._write_index(n, slots)[1].contiguous(), self._end(n, slots)
+
+    def _end(self, n: int, slots: torch.Tensor | None) -> int:
+        """The slots a pass of n new tokens per row attends over (``slots``: at scratch indices)."""
         if slots is not None:
-            end = max(self.lengths) + int(slots.max()) + 1 if slots.numel() else max(self.lengths)
-        else:
-            end = self.span(n)
+            return max(self.lengths) + int(slots.max()) + 1 if slots.numel() else max(self.lengths)
+        end = self.span(n)
         if end > self.max_len:
             raise RuntimeError(f"KV cache overflow: need {end} slots, have {self.max_len}")
-        return self._write_index(n, slots)[1].contiguous(), end
+        return end
 
     def _write_index(self, n: int, slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(row [batch, n], slot [batch, n]) of each new token, built once per pass: every layer
