@@ -10,9 +10,11 @@ the same format's w = 1 pass. Writes OUT/results.json.
 ``--parts`` adds, per format, the same passes with the layers' linears made free (each returns an
 empty tensor of its output shape: what attention, norms, RoPE, the KV writes and the Python
 around them cost) and with the LM head left out as well. That is the floor no faster linear
-kernel goes below (``PARADEC_NATIVE=0``: with torch's small ops, not the C ones):
+kernel goes below (``PARADEC_NATIVE=0``: with torch's small ops, not the C ones).
+``--torch-ops`` adds each format on torch's small ops beside the C ones, interleaved:
 
     python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --parts --out benchmarks/results/pass_parts
+    python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --torch-ops --out benchmarks/results/pass_ops
 """
 
 from __future__ import annotations
@@ -70,12 +72,17 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5, help="passes per (format, width) per round")
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)))
     ap.add_argument("--parts", action="store_true", help="also time each pass without its linears (and head)")
+    ap.add_argument("--torch-ops", action="store_true", help="also each format on torch's small ops, interleaved")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     widths = [int(w) for w in args.widths.split(",")]
     models = {q: paradec.load(default_gguf(), quant=q, backend="torch").model for q in args.quants.split(",")}
+    if args.torch_ops:  # the same formats on torch's small ops, beside the C ones (``models.native``)
+        for q in list(models):
+            models[q + "-torch-ops"] = paradec.load(default_gguf(), quant=q, backend="torch").model
+            models[q + "-torch-ops"].set_native(False)
     plans = {q + part: plan for q, m in models.items() for part, plan in parts(m, args.parts).items()}
     variants = [(q, part) for q in models for part in (PARTS if args.parts else PARTS[:1])]
     times: dict[tuple[str, int], list[float]] = {(q + part, w): [] for q, part in variants for w in widths}

@@ -123,7 +123,7 @@ def test_decode_plan_follows_the_model(checkpoints, native):
 
     ids = torch.tensor([[5, 17, 33, 80, 2, 9, 41, 7]])
     model = paradec.load(checkpoints["llama"], dtype="fp32").model
-    model.native = native
+    model.set_native(native)
     before = _cached_step(model, ids)  # the plan exists from here on
     assert model.runs_native() == native
     quantize_linears(model, "int8")

@@ -12,6 +12,7 @@ import torch
 
 import paradec
 from paradec.models.native import library
+from paradec.tree import ScratchTree, pass_tensors
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler here: the torch path runs")
 
@@ -47,8 +48,7 @@ def test_native_computes_the_torch_paths_model(checkpoints, dtype, monkeypatch):
     mask[..., 9:] = torch.ones(6, 6, dtype=torch.bool).tril()
     native = _pass(model, _prefilled(model, prompt), chain, pos, mask)
     assert len(calls) == model.config.num_layers  # one attention call a layer, in C
-    model.native = False
-    model._plan = None
+    model.set_native(False)
     assert not model.runs_native()
     torch_path = _pass(model, _prefilled(model, prompt), chain, pos, mask)
     tol = 2e-2 if dtype == "bf16" else 1e-4
@@ -74,18 +74,11 @@ def test_a_tokens_bits_do_not_depend_on_the_pass(checkpoints, dtype, quant):
         alone.append(_pass(model, cache, torch.tensor([[tok]]), torch.tensor([[8 + i]]), None)[0, -1])
         cache.advance(0, 1)
     # a tree: node 0 = path[0]; nodes 1, 2 = a sibling branch; node 3 = path[1] (child of 0);
-    # node 4 = path[2] (child of 3); parents [-1, 0, 1, 0, 3]
-    nodes = torch.tensor([[path[0], 99, 98, path[1], path[2]]])
-    parents = [-1, 0, 1, 0, 3]
-    depth = [0, 1, 2, 1, 2]
-    mask = torch.zeros(1, 1, 5, 13, dtype=torch.bool)
-    mask[..., :8] = True
-    for i in range(5):
-        j = i
-        while j >= 0:
-            mask[0, 0, i, 8 + j] = True
-            j = parents[j]
-    pos = torch.tensor([[8 + d for d in depth]])
+    # node 4 = path[2] (child of 3)
+    tree_nodes = ScratchTree()
+    for token, parent in ((path[0], -1), (99, 0), (98, 1), (path[1], 0), (path[2], 3)):
+        tree_nodes.add(token, parent)
+    nodes, pos, mask = pass_tensors([tree_nodes], 0, 5, [8])
     tree = _pass(model, _prefilled(model, prompt), nodes, pos, mask)[0]
     for got, want in zip((tree[0], tree[3], tree[4]), alone):
         assert torch.equal(got, want)
@@ -98,14 +91,10 @@ def test_a_tokens_bits_do_not_depend_on_the_pass(checkpoints, dtype, quant):
     with cache.rows(1, 1) as sub, torch.inference_mode():
         model.hidden(prompt, torch.arange(8)[None], None, sub, prefill=True)
         sub.advance(0, 8)
-    span = 11 + 5
-    both = torch.zeros(2, 1, 5, span, dtype=torch.bool)
-    both[0, 0, :, :11] = True
-    both[0, 0, :, 11:] = torch.ones(5, 5, dtype=torch.bool).tril()
-    both[1, 0, :, :8] = True
-    both[1, 0, :, 8:13] = mask[0, 0, :, 8:13]
-    ids = torch.cat([torch.tensor([[4, 4, 4, 4, 4]]), nodes])
-    positions = torch.cat([torch.arange(11, 16)[None], pos])
+    chain = ScratchTree()
+    for i in range(5):
+        chain.add(4, i - 1)
+    ids, positions, both = pass_tensors([chain, tree_nodes], 0, 5, [11, 8])
     batched = _pass(model, cache, ids, positions, both)[1]
     for got, want in zip((batched[0], batched[3], batched[4]), alone):
         assert torch.equal(got, want)

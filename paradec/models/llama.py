@@ -190,8 +190,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.exact = True
         self.prefill_path: str | None = None  # the dense weights prompt passes take ("bf16", "fp32"; ``cpu.prefill``)
-        # the decode path's small ops in C (``models.native``): None where they build and fit, False: torch's
-        self.native: bool | None = None
+        self.native: bool | None = None  # the C small ops (``set_native``): None where they build and fit
         self._plan: tuple[int, int, list[LayerKernels], bool] | None = None  # (generation, id, per layer, native)
 
     def set_exact(self, exact: bool) -> None:
@@ -215,6 +214,12 @@ class Transformer(nn.Module):
             native = native and supports(weight.dtype, weight.device, self.config.head_dim)
             self._plan = (_GENERATION[0], id(self), [block.kernels() for block in self.layers], native)
         return self._plan[2]
+
+    def set_native(self, native: bool | None) -> None:
+        """Whether decode and verification passes may take the C small ops (``models.native``):
+        None (default) where they build and fit the model, False for torch's ops."""
+        self.native = native
+        self._plan = None
 
     def runs_native(self) -> bool:
         """Whether decode and verification passes take the C small ops (``models.native``)."""
@@ -252,11 +257,12 @@ class Transformer(nn.Module):
             for block in self.layers[start:stop]:
                 x = block(x, cos, sin, mask, cache, slots, prefill)
             return x
-        if self.runs_native():
-            return native_layers(self.plan()[start:stop], x, cos, sin, mask, cache, slots)
+        plan = self.plan()[start:stop]  # a decode step or a tree: the decode plan
+        if self._plan[3]:  # in C (``runs_native``)
+            return native_layers(plan, x, cos, sin, mask, cache, slots)
         if mask is not None:  # the cached attention's form, once for every layer
             mask = attention_bias(mask, torch.float64 if self.exact else torch.float32)
-        for kernels in self.plan()[start:stop]:  # a decode step or a tree: the decode plan
+        for kernels in plan:
             x = decode_layer(kernels, x, cos, sin, mask, cache, slots)
         return x
 

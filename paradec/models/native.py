@@ -124,13 +124,11 @@ def native_layers(
     slot visible); slots [batch, n] (None: the next n). Writes the tokens' K/V."""
     lib, dt = library(), DTYPES[x.dtype]
     b, n, hidden = x.shape
-    x = x.contiguous().clone()  # the residual stream, updated in place
+    x = x.clone(memory_format=torch.contiguous_format)  # the residual stream, updated in place
     rows = b * n
     idx, end = cache.write_slots(n, slots)  # [batch, n] int64, and the slots attended over
     head_dim = cos.shape[-1]
     cos, sin = (t.expand(b, n, 1, head_dim).contiguous() for t in (cos, sin))  # a row's own table
-    if mask is not None and mask.is_floating_point():  # an ``attention_bias``: 0 where visible
-        mask = mask == 0
     m = None if mask is None else mask.expand(b, 1, n, mask.shape[-1]).reshape(b, n, -1).contiguous()
     m_ptr, m_span = (None, 0) if m is None else (m.data_ptr(), m.shape[-1])
     keys, values = cache.keys, cache.values  # [layers, capacity, kv, hd, max_len], [layers, capacity, kv, max_len, hd]
