@@ -104,7 +104,7 @@ def heads(target: Target, gen: GenerationConfig) -> Drafter:
     split = Split(heads.early, heads.early_layer, prune.prune_topk) if prune.prune else None
     return HeadDrafter(
         heads,
-        target.model.lm_head,
+        target.model.head(),
         policy,
         max_rank=len(prior[0]),
         step_scores=step_scores,

@@ -57,14 +57,14 @@ def test_native_computes_the_torch_paths_model(checkpoints, dtype, monkeypatch):
         assert not torch.equal(native, torch_path)
 
 
-@pytest.mark.parametrize("dtype, quant", [("fp32", "int8"), ("bf16", "none")])
+@pytest.mark.parametrize("dtype, quant", [("fp32", "int8"), ("bf16", "none"), ("fp32", "int4"), ("bf16", "int4")])
 def test_a_tokens_bits_do_not_depend_on_the_pass(checkpoints, dtype, quant):
     """A token decoded alone (`ar` steps) == the same token inside a tree pass whose other
     nodes sit between it and its ancestors, at scattered slots, beside a second row of another
     length (the shapes a batched tree verification takes). fp32 activations show any 1-ulp
     difference (an attention score scaled by 1 + 2^-23 in passes of more than one token fails
-    it), with int8 linears, whose rows do not depend on the row count (fp32 GEMMs' do); bf16 is
-    the format whose rounding greedy verification depends on."""
+    it), with int8 or int4 linears (their C kernels), whose rows do not depend on the row count
+    (fp32 GEMMs' do); bf16 is the format whose rounding greedy verification depends on."""
     model = paradec.load(checkpoints["llama"], dtype=dtype, quant=quant).model
     prompt = torch.tensor([[5, 17, 33, 80, 2, 9, 41, 7]])
     path = [3, 8, 13]
@@ -98,6 +98,36 @@ def test_a_tokens_bits_do_not_depend_on_the_pass(checkpoints, dtype, quant):
     batched = _pass(model, cache, ids, positions, both)[1]
     for got, want in zip((batched[0], batched[3], batched[4]), alone):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_quantized_linears_in_c(checkpoints, quant, monkeypatch):
+    """The C kernels of int4/int8 layers (activations quantized to int8 in blocks of 32): the
+    layer's product within the activations' rounding (a kernel that drops int4's block minimum or
+    a block's scale is off by far more), each row's bits the same at every row count and tile
+    position, and the ones a model's decode passes and LM head take."""
+    model = paradec.load(checkpoints["qwen2"], dtype="fp32", quant=quant).model  # qkv with a bias
+    assert model.runs_native()
+    layers = [model.layers[0].attn.wqkv, model.layers[0].mlp.w_down, model.lm_head]
+    g = torch.Generator().manual_seed(0)
+    for layer in layers:
+        kernel = layer.native_kernel()
+        x = torch.randn(11, layer.in_features, generator=g)  # [rows, in]
+        y = kernel(x)
+        bias = 0 if layer.bias is None else layer.bias
+        want = x @ layer.dequantized().T + bias
+        assert ((y - want).norm() / want.norm()).item() < 2e-2
+        alone = torch.cat([kernel(x[i : i + 1]) for i in range(len(x))])
+        assert torch.equal(y, alone)
+        for rows in (2, 3, 4, 5, 8):
+            assert torch.equal(kernel(x[1 : 1 + rows]), alone[1 : 1 + rows])
+    lib, calls = library(), []
+    name = "pd_q4_linear" if quant == "int4" else "pd_q8_linear"
+    own = getattr(lib, name)
+    monkeypatch.setattr(lib, name, lambda *a: calls.append(1) or own(*a))
+    cache = _prefilled(model, torch.tensor([[5, 17, 33]]))
+    _pass(model, cache, torch.tensor([[3]]), torch.tensor([[3]]), None)
+    assert len(calls) == 4 * model.config.num_layers + (quant == "int8")  # the head is int8 by default
 
 
 def test_the_library_is_built_once_and_reused(tmp_path):

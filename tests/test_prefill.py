@@ -55,23 +55,27 @@ def test_prompts_take_the_dense_path_and_decode_steps_the_kernel(dense_engine, m
     model = dense_engine.model
     assert model.prefill_path == "fp32" and model.layers[0].mlp.w_down.prefill_linear is not None
     calls = {"dense": 0, "kernel": 0}
-    dense_fwd, int4_kernel = DenseLinear.forward, Int4Linear.kernel
+    dense_fwd = DenseLinear.forward
 
     def dense(self, x):
         calls["dense"] += 1
         return dense_fwd(self, x)
 
-    def kernel(self):  # decode passes call the closure the decode plan captured
-        mm = int4_kernel(self)
+    def counting(own):  # decode passes call the closure the decode plan captured (C's or torch's)
+        def kernel(self):
+            mm = own(self)
 
-        def counted(x):
-            calls["kernel"] += 1
-            return mm(x)
+            def counted(x):
+                calls["kernel"] += 1
+                return mm(x)
 
-        return counted
+            return None if mm is None else counted
+
+        return kernel
 
     monkeypatch.setattr(DenseLinear, "forward", dense)
-    monkeypatch.setattr(Int4Linear, "kernel", kernel)
+    monkeypatch.setattr(Int4Linear, "kernel", counting(Int4Linear.kernel))
+    monkeypatch.setattr(Int4Linear, "native_kernel", counting(Int4Linear.native_kernel))
     model.set_exact(model.exact)  # the decode plan is captured again, with the counting kernels
     layers = len(model.layers)
     dense_engine.generate(PROMPTS[0], max_new_tokens=3, ignore_eos=True)

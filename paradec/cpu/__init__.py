@@ -46,7 +46,7 @@ BUSY_CORES = 0.5  # a profile is cached only if other processes used at most thi
 SLOWER_WARNING = 1.3  # an explicit format whose `ar` step costs this much more than the best one is warned about
 WIDTHS = (1, 2, 4, 8, 16, 32)  # verified nodes per row of a pass (others are interpolated)
 CONTEXT = 256  # keys a measured pass attends over
-PROFILE_VERSION = 4  # part of the cache key: bump when what is measured changes (4: the decode plan)
+PROFILE_VERSION = 5  # part of the cache key: bump when what is measured changes (5: the decode path, C linears)
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,11 @@ def shape_of(cfg: ModelConfig) -> str:
 
 
 def profile_path(home: Path, cpu: CpuInfo, cfg: ModelConfig, exact: bool) -> Path:
-    shape = hashlib.sha256(f"{shape_of(cfg)} exact={exact} v{PROFILE_VERSION}".encode()).hexdigest()[:12]
+    from paradec.models.native import available
+
+    native = exact and available()  # C small ops and linears, or torch's (``models.native``)
+    key = f"{shape_of(cfg)} exact={exact} native={native} v{PROFILE_VERSION}"
+    shape = hashlib.sha256(key.encode()).hexdigest()[:12]
     return home / "profiles" / f"{cpu.key()}-{shape}.json"
 
 
@@ -262,12 +266,13 @@ def _busy_seconds() -> float | None:
 
 
 class _PassTimer:
-    """setup + ``layers`` x one block + the head, each part the fastest of the runs so far."""
+    """setup + ``layers`` x one block + the head, each part the fastest of the runs so far. The
+    block runs as a decode pass does (``Transformer.hidden``: the decode plan, in C where
+    ``models.native`` builds), less the set-up it repeats (embedding, RoPE tables, mask)."""
 
     def __init__(self, model, layers: int, width: int) -> None:
         self.model, self.layers, self.width = model, layers, width
         self.cache, self.tokens, self.positions, self.mask = chain_inputs(model, width)
-        self.bias = self._bias()
         self.best = [float("inf")] * 3
         self.runs: list[float] = []  # seconds of each whole (estimated) pass, one per round
 
@@ -281,16 +286,17 @@ class _PassTimer:
     def run(self) -> None:
         m = self.model
         t0 = time.perf_counter()
-        x = m.embed(self.tokens)
-        cos, sin = m.rope(self.positions, x.dtype)
-        self._bias()  # a pass builds its mask's bias once
+        m.rope(self.positions, m.embed(self.tokens).dtype)
+        if not m.runs_native():  # torch's path builds its mask's bias once a pass
+            self._bias()
         t1 = time.perf_counter()
-        h = m.layers[0](x, cos, sin, self.bias, self.cache)
+        h = m.hidden(self.tokens, self.positions, self.mask, self.cache)  # set-up + the block
         t2 = time.perf_counter()
         m.normed_logits(h)
         t3 = time.perf_counter()
-        self.best = [min(b, t) for b, t in zip(self.best, (t1 - t0, t2 - t1, t3 - t2))]
-        self.runs.append(t1 - t0 + self.layers * (t2 - t1) + t3 - t2)
+        block = max(t2 - t1 - (t1 - t0), 0.0)
+        self.best = [min(b, t) for b, t in zip(self.best, (t1 - t0, block, t3 - t2))]
+        self.runs.append(t1 - t0 + self.layers * block + t3 - t2)
 
     @property
     def seconds(self) -> float:

@@ -28,7 +28,7 @@ import torch
 from paradec.cpu import BUSY_CORES, WIDTHS, OthersWatch, PassCost, _curve, _write_json, chain_inputs
 from paradec.models.native import available
 
-WHOLE_VERSION = 2  # part of the cache key: bump when what is measured changes (2: the decode plan)
+WHOLE_VERSION = 3  # part of the cache key: bump when what is measured changes (2: the decode plan; 3: C linears)
 
 
 def whole_curve(model, key: str, profile_path: Path | None, reps: int = 3) -> PassCost:

@@ -15,6 +15,7 @@ is exact, and so is multi-step speculative sampling (on rejection it removes the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +58,7 @@ class HeadDrafter(DrafterHooks):
     def __init__(
         self,
         heads: Heads,
-        lm_head: torch.nn.Linear,
+        lm_head: Callable[[torch.Tensor], torch.Tensor],
         policy: TreePolicy,
         max_rank: int = 8,
         step_scores: bool = False,

@@ -47,9 +47,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * (xf.square().mean(-1, keepdim=True) + eps).rsqrt()).to(x.dtype)
 
 
-def linear_kernel(layer: nn.Module, exact: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+def linear_kernel(layer: nn.Module, exact: bool, native: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
     """``layer``'s product for decode passes, [..., in] -> [..., out]: a quantized or packed
-    layer's own closure over its tensors (``kernel()``), else ``linear`` (the GEMV rule)."""
+    layer's own closure over its tensors (``kernel()``; a quantized layer's C kernel if
+    ``native``, ``native_kernel()``), else ``linear`` (the GEMV rule)."""
+    if native and (own := getattr(layer, "native_kernel", None)) is not None and (kernel := own()) is not None:
+        return kernel
     kernel = getattr(layer, "kernel", None)
     return kernel() if kernel is not None else functools.partial(linear, layer, exact=exact)
 

@@ -13,6 +13,7 @@ Saved as ``heads.safetensors`` + ``heads.json`` (sizes, the early layer, measure
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,9 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(ResBlock(hidden) for _ in range(num_heads))
 
-    def forward(self, hn: torch.Tensor, lm_head: nn.Linear, heads: int | None = None) -> torch.Tensor:
+    def forward(
+        self, hn: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], heads: int | None = None
+    ) -> torch.Tensor:
         """hn [..., hidden] (final-normed) -> logits [..., heads, vocab] of the first ``heads``
         (default all). One LM-head call for all heads: on a CPU (or at batch 1 on a GPU) it reads
         the vocab matrix once, not K times."""
@@ -54,7 +57,7 @@ class EarlyHead(nn.Module):
         self.norm = RMSNorm(hidden, eps)
         self.block = ResBlock(hidden)
 
-    def forward(self, h: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """h [..., hidden] (residual stream after layer m) -> logits [..., vocab]."""
         return lm_head(self.block(self.norm(h)))
 

@@ -9,6 +9,7 @@ continue (ProPD's early pruning).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -131,7 +132,8 @@ class Block(nn.Module):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, prefill)
         return x + self.mlp(self.mlp_norm(x), prefill)
 
-    def kernels(self) -> LayerKernels:
+    def kernels(self, native: bool = False) -> LayerKernels:
+        """``native``: the quantized linears take their C kernels (``models.native``)."""
         attn, mlp = self.attn, self.mlp
         return LayerKernels(
             attn.layer,
@@ -143,10 +145,10 @@ class Block(nn.Module):
             attn.head_dim,
             mlp.inter,
             attn.exact,
-            linear_kernel(attn.wqkv, attn.exact),
-            linear_kernel(attn.wo, attn.exact),
-            linear_kernel(mlp.w_gate_up, mlp.exact),
-            linear_kernel(mlp.w_down, mlp.exact),
+            linear_kernel(attn.wqkv, attn.exact, native),
+            linear_kernel(attn.wo, attn.exact, native),
+            linear_kernel(mlp.w_gate_up, mlp.exact, native),
+            linear_kernel(mlp.w_down, mlp.exact, native),
         )
 
 
@@ -191,7 +193,8 @@ class Transformer(nn.Module):
         self.exact = True
         self.prefill_path: str | None = None  # the dense weights prompt passes take ("bf16", "fp32"; ``cpu.prefill``)
         self.native: bool | None = None  # the C small ops (``set_native``): None where they build and fit
-        self._plan: tuple[int, int, list[LayerKernels], bool] | None = None  # (generation, id, per layer, native)
+        # (generation, id, per layer, native, the LM head's C kernel or None)
+        self._plan: tuple[int, int, list[LayerKernels], bool, Callable | None] | None = None
 
     def set_exact(self, exact: bool) -> None:
         """Shape-invariant numerics for decode/verification passes (default): a token's K/V,
@@ -212,14 +215,24 @@ class Transformer(nn.Module):
             weight = self.embed.weight
             native = self.exact and self.native is not False
             native = native and supports(weight.dtype, weight.device, self.config.head_dim)
-            self._plan = (_GENERATION[0], id(self), [block.kernels() for block in self.layers], native)
+            layers = [block.kernels(native) for block in self.layers]
+            own = getattr(self.lm_head, "native_kernel", None) if native else None
+            self._plan = (_GENERATION[0], id(self), layers, native, own() if own is not None else None)
         return self._plan[2]
 
     def set_native(self, native: bool | None) -> None:
-        """Whether decode and verification passes may take the C small ops (``models.native``):
-        None (default) where they build and fit the model, False for torch's ops."""
+        """Whether decode and verification passes may take the C small ops and the quantized
+        linears' C kernels (``models.native``; the LM head's in every pass): None (default) where
+        they build and fit the model, False for torch's."""
         self.native = native
         self._plan = None
+
+    def head(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The LM head as decode passes run it, [..., hidden] -> [..., vocab]: its C kernel where
+        they run in C (``runs_native``), else the module. For what reads the head beside a pass
+        (Medusa's and the early heads' vocabulary projections)."""
+        self.plan()
+        return self._plan[4] if self._plan[3] and self._plan[4] is not None else self.lm_head
 
     def runs_native(self) -> bool:
         """Whether decode and verification passes take the C small ops (``models.native``)."""
@@ -274,6 +287,8 @@ class Transformer(nn.Module):
         """h [..., hidden] -> (logits [..., vocab], final-normed hidden [..., hidden]): what a
         verification pass hands the acceptance step and the drafters."""
         hn = self.norm(h)
+        if not hn.requires_grad and self.runs_native() and self._plan[4] is not None:
+            return self._plan[4](hn), hn
         return linear(self.lm_head, hn, self.exact), hn
 
     def forward(

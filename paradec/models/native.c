@@ -2,8 +2,8 @@
 
 A torch pass of SmolLM2 spends more time in ~45 small ops a layer (norms, RoPE, the KV writes,
 the attention, residual adds, SiLU) than in its linears: each op is a few microseconds of
-dispatch for little arithmetic. Here they are three calls a layer, between the linears, which
-stay torch's kernels.
+dispatch for little arithmetic. Here they are three calls a layer, between the linears (torch's
+kernels, or for quantized layers native_mm.c's).
 
 Every result for a token is computed by the same sequence of operations whatever the pass's
 shape (how many tokens, rows, visible keys), so an `ar` step and a verified tree agree bit for

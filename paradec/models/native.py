@@ -1,22 +1,30 @@
-"""The decode path's small ops in C (``native.c``), between torch's linears.
+"""The decode path in C (``native.c``: the small ops; ``native_mm.c``: the quantized linears).
 
 A torch decode step of SmolLM2 (int4, 2 cores of an AVX2 EPYC, 200-token context) took 24-27 ms,
 of which 10-16 ms was neither the linears nor the LM head: ~45 small ops a layer (norms, RoPE, the
 KV writes, the exact attention, residual adds, SiLU) at a few microseconds of dispatch each
 (``benchmarks/pass_cost.py --parts``), about llama.cpp's whole step. ``native_layers`` runs a
-layer as three C calls and the layer's four linears, which stay torch's kernels (4 ms left).
+layer as three C calls and the layer's four linears. Of the rest, most was torch's int4 kernel,
+which decodes every 4-bit weight to a float for each row: int4 and int8 layers (and the LM head)
+take C kernels too (``q4_kernel``, ``q8_kernel``), which quantize each row of activations to int8
+in blocks of 32 and take exact integer dot products a block, as llama.cpp's Q4_1 x Q8_1 and Q8_0 x
+Q8_0 do: 2.5x torch's kernel at one row, 1.3-1.8x at 8-16 (2 cores, AVX2). bf16 and fp32 linears
+stay torch's.
 
 The C code is compiled on first use with the system's C compiler (``cc``, or ``$CC``) into
-``$PARADEC_HOME/native`` (one library per source, compiler and CPU), ~1 s, and loaded with
-ctypes. Without a compiler, on a CPU without AVX2 and FMA (its loops would be scalar), or with
-``PARADEC_NATIVE=0``, the torch path runs, as before.
+``$PARADEC_HOME/native`` (one library per source, compiler and CPU), ~2 s, with OpenMP where the
+compiler has it (the linears' threads; it binds to the runtime torch already loaded), and loaded
+with ctypes. Without a compiler, on a CPU without AVX2 and FMA (its loops would be scalar), or
+with ``PARADEC_NATIVE=0``, the torch path runs, as before.
 
 Its numerics are shape-invariant by construction: a token's result is the same sequence of fp32
-operations in an `ar` step and in a tree (the attention sums its visible keys in slot order; no
-reassociation, no FMA contraction), so greedy verification stays token-identical to `ar`, at the
-price of fp32 arithmetic where the torch path needs fp64 for the same guarantee. It is another
-rounding of the same model than the torch path's: every decode and verification pass of a model
-takes the one path (``Transformer.native``), so every method is lossless against the same target.
+operations in an `ar` step and in a tree (the attention sums its visible keys in slot order; a
+linear's output element sums its blocks in order into 8 lanes reduced in one fixed tree, whatever
+the row count, tile or thread; no reassociation, no FMA contraction), so greedy verification stays
+token-identical to `ar`, at the price of fp32 arithmetic where the torch path needs fp64 for the
+same guarantee. It is another rounding of the same model than the torch path's: every decode and
+verification pass of a model takes the one path (``Transformer.native``), so every method is
+lossless against the same target.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,8 +46,9 @@ import torch
 from paradec.kv import KVCache
 from paradec.models.decode import LayerKernels
 
-SOURCE = Path(__file__).with_name("native.c")
+SOURCES = (Path(__file__).with_name("native.c"), Path(__file__).with_name("native_mm.c"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
+OPENMP = "-fopenmp"  # the quantized linears' threads (the process's OpenMP runtime: torch's); dropped if absent
 DTYPES = {torch.bfloat16: 1, torch.float32: 0}
 MAX_HEAD_DIM = 512  # the C attention's accumulator
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -68,25 +78,31 @@ def library() -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join((cc, *FLAGS, _cpu_signature())).encode()).hexdigest()[:16]
+    source = b"".join(src.read_bytes() for src in SOURCES)
+    key = hashlib.sha256(source + " ".join((cc, *FLAGS, OPENMP, _cpu_signature())).encode()).hexdigest()[:16]
     path = _home() / f"decode-{key}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, then moved: never half-written
             built = Path(tmp) / path.name
-            run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+            for extra in ([OPENMP], []):  # single-threaded linears where the compiler has no OpenMP
+                cmd = [cc, *FLAGS, *extra, *map(str, SOURCES), "-o", str(built), "-lm"]
+                run = subprocess.run(cmd, capture_output=True, text=True)
+                if run.returncode == 0:
+                    break
             if run.returncode != 0:
                 why = run.stderr.strip()[:200]
                 warnings.warn(f"paradec: the native decode ops did not build ({why}); torch runs them", stacklevel=2)
                 return None
             os.replace(built, path)
     lib = ctypes.CDLL(str(path))
-    if not lib.pd_vectorized():  # scalar C loses to torch's vectorized ops: keep those
+    if not (lib.pd_vectorized() and lib.pd_quantized()):  # scalar C loses to torch's vectorized ops: keep those
         return None
     lib.pd_add_norm.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]
     lib.pd_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64, _int]
     lib.pd_attend.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr] + [_i64] * 7 + [_int]
+    lib.pd_q4_linear.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _int, _int]
+    lib.pd_q8_linear.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _int, _int]
     for fn in (lib.pd_add_norm, lib.pd_silu_mul, lib.pd_attend):
         fn.restype = None
     return lib
@@ -100,6 +116,57 @@ def available() -> bool:
 def supports(dtype: torch.dtype, device: torch.device | str, head_dim: int) -> bool:
     """Whether a model of this dtype, device and head size can take the native path here."""
     return dtype in DTYPES and torch.device(device).type == "cpu" and head_dim <= MAX_HEAD_DIM and library() is not None
+
+
+def q4_kernel(
+    q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An int4 linear (w = d q + m in blocks of 32 along the input) in C, for decode passes:
+    x [..., in] bf16 or fp32 -> [..., out] in x's dtype. q [out, in / 2] uint8 (``pack_q4``), d and
+    m [out, in / 32] fp32. Each row of x is quantized to int8 in blocks of 32 (``native_mm.c``)."""
+    lib, n_out, n_in = library(), q.shape[0], 2 * q.shape[1]
+    weights = (q, d, m)  # held by the closure: C reads them through these pointers
+    q_ptr, d_ptr, m_ptr = (t.data_ptr() for t in weights)
+
+    def mm(x: torch.Tensor) -> torch.Tensor:
+        assert weights
+        x2 = x.reshape(-1, n_in).contiguous()
+        y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype)
+        args = (x2.shape[0], n_in, q_ptr, d_ptr, m_ptr, y.data_ptr(), n_out, DTYPES[x.dtype], torch.get_num_threads())
+        if not lib.pd_q4_linear(x2.data_ptr(), *args):
+            raise MemoryError("the int4 linear's activations buffer")
+        return y if bias is None else y + bias
+
+    return mm
+
+
+def q8_kernel(
+    q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An int8 linear (w = scale q, one scale an output) in C, for decode passes: x [..., in] bf16
+    or fp32 -> [..., out] in x's dtype. q [out, in] int8, scale [out] fp32; in % 32 == 0."""
+    lib, (n_out, n_in) = library(), q.shape
+    weights = (q, scale)  # held by the closure: C reads them through these pointers
+    q_ptr, s_ptr = (t.data_ptr() for t in weights)
+
+    def mm(x: torch.Tensor) -> torch.Tensor:
+        assert weights
+        x2 = x.reshape(-1, n_in).contiguous()
+        y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype)
+        args = (x2.shape[0], n_in, q_ptr, s_ptr, y.data_ptr(), n_out, DTYPES[x.dtype], torch.get_num_threads())
+        if not lib.pd_q8_linear(x2.data_ptr(), *args):
+            raise MemoryError("the int8 linear's activations buffer")
+        return y if bias is None else y + bias
+
+    return mm
+
+
+def pack_q4(q: torch.Tensor) -> torch.Tensor:
+    """q [out, in] ints in 0..15 -> [out, in / 2] uint8, the C kernel's layout: in each block of 32,
+    byte j holds weight j (low nibble) and weight j + 16 (high)."""
+    out, n_in = q.shape
+    g = q.reshape(out, n_in // 32, 32).to(torch.uint8)
+    return (g[..., :16] | (g[..., 16:] << 4)).reshape(out, n_in // 2).contiguous()
 
 
 def _checked(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

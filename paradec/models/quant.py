@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paradec.models import native as native_mod
+
 QUANTS = ("none", "int8", "int4")
 PACK_HINT = 1  # the row count oneDNN's blocked layout is chosen for: 1 keeps rows invariant up to 128+ (16: to 32)
 PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)  # row counts the invariance probe tries
@@ -72,6 +74,13 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel()(x)
 
+    def native_kernel(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """``kernel()`` in C (``models.native``: activations quantized to int8 in blocks of 32, as
+        llama.cpp's Q8_0 x Q8_0), or None where this machine or layer cannot take it."""
+        if self.in_features % INT4_GROUP or not self.weight.is_cpu or not native_mod.available():
+            return None
+        return native_mod.q8_kernel(self.weight.contiguous(), self.scales.float().contiguous(), self.bias)
+
     def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """This layer's product as a closure over its tensors: [..., in] -> [..., out]."""
         weight, scales, bias, n_in, n_out = self.weight, self.scales, self.bias, self.in_features, self.out_features
@@ -100,11 +109,16 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_zeros", scales_zeros)  # [in / group, out, 2] in the activations' dtype
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.prefill_linear: nn.Module | None = None  # dense weights for prompt passes (``dense_linear``)
+        # the C kernel's form (``models.native``; set by ``from_linear`` where it runs): the same q,
+        # nibbles in its order [out, in / 2], and d, m [out, in / group] fp32 (w = d q + m, unrounded)
+        self.register_buffer("native_q", None, persistent=False)
+        self.register_buffer("native_d", None, persistent=False)
+        self.register_buffer("native_m", None, persistent=False)
 
     @staticmethod
-    def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """w [out, in] -> q [out, in] int32 in 0..15, scale and zero [out, in / group] fp32
-        (w ~ (q - 8) * scale + zero).
+    def levels(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """w [out, in] -> q [out, in] int32 in 0..15, scale and minimum [out, in / group] fp32
+        (w ~ q * scale + minimum).
 
         A group whose values already sit on 16 evenly spaced levels keeps them: a dequantized GGUF
         Q4_0 block (d * (q - 8), symmetric, its top level often unused), Q4_1 block (d * q + m) or
@@ -122,17 +136,27 @@ class Int4Linear(nn.Module):
         scale = torch.where(on_grid, step, scale)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = ((g - lo[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.int32)
-        return q.reshape(out, inp), scale, lo + 8 * scale
+        return q.reshape(out, inp), scale, lo
+
+    @staticmethod
+    def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """w [out, in] -> q [out, in] int32 in 0..15, scale and zero [out, in / group] fp32
+        (w ~ (q - 8) * scale + zero; ``levels``)."""
+        q, scale, lo = Int4Linear.levels(w)
+        return q, scale, lo + 8 * scale
 
     @classmethod
     def from_linear(cls, layer: nn.Linear, prefill: str | None = None) -> Int4Linear:
         """``prefill``: "bf16" or "fp32" to give it a dense prefill path (``prefill_linear``)."""
-        q, scale, zero = cls.quantize(layer.weight.detach())
+        q, scale, lo = cls.levels(layer.weight.detach())
+        zero = lo + 8 * scale
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # bf16 is the kernel's storage (a model in fp32 takes the same bf16-rounded values in fp32)
         scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
         bias = None if layer.bias is None else layer.bias.detach().clone()
         out = cls(packed, scales_zeros.to(layer.weight.dtype), bias, layer.in_features, layer.out_features)
+        if native_mod.available() and layer.weight.is_cpu:
+            out.native_q, out.native_d, out.native_m = native_mod.pack_q4(q), scale.contiguous(), lo.contiguous()
         if prefill is not None:  # the weights the kernel multiplies by: (q - 8) * scale + zero, from the stored bf16
             s, z = scales_zeros.float().transpose(0, 1).unbind(-1)  # [out, groups] each
             groups = q.float().reshape(q.shape[0], -1, INT4_GROUP)
@@ -152,6 +176,14 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel()(x)
+
+    def native_kernel(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """``kernel()`` in C (``models.native``: the unrounded d and m, activations quantized to
+        int8 in blocks of 32, as llama.cpp's Q4_1 x Q8_1), or None where this layer has no C form."""
+        if self.native_q is None or not self.native_q.is_cpu:
+            return None
+        d, m = (t.float().contiguous() for t in (self.native_d, self.native_m))
+        return native_mod.q4_kernel(self.native_q, d, m, self.bias)
 
     def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """This layer's product as a closure over its tensors: [..., in] -> [..., out]."""

@@ -57,7 +57,7 @@ def pruned_pass(
     # the early head only where a verdict is needed: on nodes that have children (most are leaves)
     parents = [sorted(set(p.tree.parents[1:])) for p in proposals]
     flat = torch.tensor([b * width + i for b, ps in enumerate(parents) for i in ps], device=dev)
-    top = early(h.flatten(0, 1).index_select(0, flat), model.lm_head).topk(topk, dim=-1).indices.tolist()
+    top = early(h.flatten(0, 1).index_select(0, flat), model.head()).topk(topk, dim=-1).indices.tolist()
     early_top, k = [], 0  # host sync: pruning is host logic
     for ps in parents:
         early_top.append(dict(zip(ps, top[k : k + len(ps)])))
