@@ -105,8 +105,8 @@ def test_quantized_linears_in_c(checkpoints, quant, monkeypatch):
     """The C kernels of int4/int8 layers (activations quantized to int8 in blocks of 32): the
     layer's product within the activations' rounding (a kernel that drops int4's block minimum or
     a block's scale is off by far more), each row's bits the same at every row count and tile
-    position, and the ones a model's decode passes and LM head take."""
-    model = paradec.load(checkpoints["qwen2"], dtype="fp32", quant=quant).model  # qkv with a bias
+    position, and the ones a model's prompt and decode passes and LM head take."""
+    model = paradec.load(checkpoints["qwen2"], dtype="fp32", quant=quant, prefill="kernel").model  # qkv: a bias
     assert model.runs_native()
     layers = [model.layers[0].attn.wqkv, model.layers[0].mlp.w_down, model.lm_head]
     g = torch.Generator().manual_seed(0)
@@ -125,9 +125,10 @@ def test_quantized_linears_in_c(checkpoints, quant, monkeypatch):
     name = "pd_q4_linear" if quant == "int4" else "pd_q8_linear"
     own = getattr(lib, name)
     monkeypatch.setattr(lib, name, lambda *a: calls.append(1) or own(*a))
-    cache = _prefilled(model, torch.tensor([[5, 17, 33]]))
+    cache = _prefilled(model, torch.tensor([[5, 17, 33]]))  # a prompt, no dense path asked for: C's too
+    assert len(calls) == 4 * model.config.num_layers
     _pass(model, cache, torch.tensor([[3]]), torch.tensor([[3]]), None)
-    assert len(calls) == 4 * model.config.num_layers + (quant == "int8")  # the head is int8 by default
+    assert len(calls) == 2 * 4 * model.config.num_layers + (quant == "int8")  # the head is int8 by default
 
 
 def test_the_library_is_built_once_and_reused(tmp_path):

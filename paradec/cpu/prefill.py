@@ -35,11 +35,12 @@ from torch import nn
 
 from paradec.cpu import BUSY_CORES, OthersWatch, _write_json
 from paradec.errors import ParadecError
+from paradec.models.native import available as native_available
 
 ROWS = 128  # prompt rows a candidate is timed at
 MARGIN = 1.5  # a dense path is taken only this many times faster than the quantized kernel
 MEMORY_SHARE = 0.25  # ... and only if its weights take at most this share of the machine's memory
-PREFILL_VERSION = 1  # part of the cache key: bump when what is measured changes
+PREFILL_VERSION = 2  # part of the cache key: bump when what is measured changes (2: C kernels)
 BYTES = {"bf16": 2, "fp32": 4}
 PREFILLS = ("auto", "kernel", "bf16", "fp32")  # what ``load(prefill=...)`` takes
 
@@ -60,7 +61,7 @@ def prefill_path(model: nn.Module, quant: str, profile_path: Path | None, asked:
     shapes = sorted({(m.in_features, m.out_features, m.bias is not None) for m in decoder})
     params = sum(m.weight.numel() for m in decoder)
     dtype = model.embed.weight.dtype  # of the activations: an fp32 model's prompts stay in fp32
-    key = f"{quant} {dtype} {shapes} v{PREFILL_VERSION}"
+    key = f"{quant} {dtype} {shapes} native={native_available()} v{PREFILL_VERSION}"
     path = None if profile_path is None else _cache_path(key, profile_path)
     verdict = _read(path)
     if verdict is None:
@@ -91,7 +92,7 @@ def measure(
         layer = layer.to(dtype)
         int4 = quant == "int4" and Int4Linear.fits(layer)
         q = Int4Linear.from_linear(layer) if int4 else Int8Linear.from_linear(layer)
-        layers["kernel"].append(q)
+        layers["kernel"].append(q.native_kernel() or q)  # the kernel a prompt would take without a dense path
         for kind in [k for k in ("bf16", "fp32") if layers[k] is not None]:
             try:
                 layers[kind].append(dense_linear(q.dequantized(), layer.bias, kind))

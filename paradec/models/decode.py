@@ -31,10 +31,13 @@ def linear(layer: nn.Module, x: torch.Tensor, exact: bool = True, prefill: bool 
     x [..., in] -> [..., out]. A single row with a long inner dimension is computed as two
     (itself twice), so an `ar` step and a verified tree give a token the same bits. The
     quantized layers (``models.quant``) are row-invariant as they are. ``prefill``: a prompt
-    pass, which takes a quantized layer's dense weights where it has them (``prefill_linear``).
+    pass, which takes a quantized layer's dense weights where it has them (``prefill_linear``),
+    else its C kernel where it runs (``native_prefill``).
     """
     if prefill and (dense := getattr(layer, "prefill_linear", None)) is not None:
         return dense(x)
+    if prefill and getattr(layer, "native_prefill", False) and (kernel := layer.native_kernel()) is not None:
+        return kernel(x)
     if exact and x.numel() == x.shape[-1] and layer.in_features > GEMV_INNER_LIMIT and isinstance(layer, nn.Linear):
         return layer(torch.cat([x, x], 0))[:1]
     return layer(x)

@@ -11,6 +11,12 @@ Both kernels give a row the same bits whatever the number of rows (measured on t
 checked in tests), so an `ar` step and a verified tree agree token for token, as in bf16. The
 target that every method is lossless against is the quantized model itself.
 
+Where the decode path runs in C (``models.native``), decode and verification passes take each
+layer's ``native_kernel()`` instead: the same 4-bit q with fp32 d and m (the file's Q4_1 values
+unrounded), or the same int8 weights, times activations quantized to int8 in blocks of 32 (as
+llama.cpp multiplies), row-invariant by construction. Prompt passes keep torch's kernels or the
+dense copies below.
+
 - bf16 weights stay bf16 but are **packed** where oneDNN can: ``PackedLinear`` reorders a weight
   once into oneDNN's blocked layout (``mkldnn._reorder_linear_weight``). A plain bf16 ``F.linear``
   reorders it on every call: on an AMX Xeon a 576 x 1536 layer took 140-315 us at 1 or 8 rows
@@ -54,6 +60,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales)  # [out] in the activations' dtype
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.prefill_linear: nn.Module | None = None  # dense weights for prompt passes (``dense_linear``)
+        self.native_prefill = False  # without them, prompt passes take ``native_kernel()`` where it runs
 
     @classmethod
     def from_linear(cls, layer: nn.Linear, prefill: str | None = None) -> Int8Linear:
@@ -109,6 +116,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_zeros", scales_zeros)  # [in / group, out, 2] in the activations' dtype
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.prefill_linear: nn.Module | None = None  # dense weights for prompt passes (``dense_linear``)
+        self.native_prefill = False  # without them, prompt passes take ``native_kernel()`` where it runs
         # the C kernel's form (``models.native``; set by ``from_linear`` where it runs): the same q,
         # nibbles in its order [out, in / 2], and d, m [out, in / group] fp32 (w = d q + m, unrounded)
         self.register_buffer("native_q", None, persistent=False)
@@ -303,7 +311,8 @@ def quantize_linears(
     """Replace the decoder's linears (attention, MLP) with ``quant`` ones and the LM head with
     ``head`` ones (default: int8 for any quant; "none" keeps it). An int4 layer whose shape the
     packed kernel cannot take stays int8. ``prefill`` ("bf16", "fp32"): the decoder's quantized
-    linears get that dense prefill path too (prompt passes do not read the LM head). Returns
+    linears get that dense prefill path too (prompt passes do not read the LM head); without one,
+    prompts take the layers' C kernels where they run (``native_prefill``), else torch's. Returns
     {module name: format} for the record."""
     if quant not in QUANTS:
         raise ValueError(quant)
@@ -320,10 +329,8 @@ def quantize_linears(
             if kind == "none":
                 continue
             dense = None if full == "lm_head" else prefill
-            setattr(
-                module,
-                child_name,
-                Int4Linear.from_linear(child, dense) if kind == "int4" else Int8Linear.from_linear(child, dense),
-            )
+            layer = Int4Linear.from_linear(child, dense) if kind == "int4" else Int8Linear.from_linear(child, dense)
+            layer.native_prefill = dense is None and full != "lm_head"  # no dense path: the C kernel if it runs
+            setattr(module, child_name, layer)
             formats[full] = kind
     return formats
