@@ -99,7 +99,7 @@ def _decode_ops() -> str:
     lib = library()
     if lib is None:
         return "torch's ops (no C compiler, no AVX2 + FMA, or PARADEC_NATIVE=0: the C small ops are off)"
-    return f"the small ops in C between torch's linears ({lib._name}; PARADEC_NATIVE=0 turns them off)"
+    return f"in C: the small ops, and the int4/int8 linears ({lib._name}; PARADEC_NATIVE=0 turns them off)"
 
 
 def _prompts(model, choice) -> str:

@@ -46,7 +46,7 @@ BUSY_CORES = 0.5  # a profile is cached only if other processes used at most thi
 SLOWER_WARNING = 1.3  # an explicit format whose `ar` step costs this much more than the best one is warned about
 WIDTHS = (1, 2, 4, 8, 16, 32)  # verified nodes per row of a pass (others are interpolated)
 CONTEXT = 256  # keys a measured pass attends over
-PROFILE_VERSION = 5  # part of the cache key: bump when what is measured changes (5: the decode path, C linears)
+PROFILE_VERSION = 6  # part of the cache key: bump when what is measured changes (6: the decode path, C linears)
 
 
 @dataclass(frozen=True)
@@ -267,8 +267,8 @@ def _busy_seconds() -> float | None:
 
 class _PassTimer:
     """setup + ``layers`` x one block + the head, each part the fastest of the runs so far. The
-    block runs as a decode pass does (``Transformer.hidden``: the decode plan, in C where
-    ``models.native`` builds), less the set-up it repeats (embedding, RoPE tables, mask)."""
+    block runs as a decode pass does (``Transformer.decode``: the decode plan, in C where
+    ``models.native`` builds)."""
 
     def __init__(self, model, layers: int, width: int) -> None:
         self.model, self.layers, self.width = model, layers, width
@@ -286,17 +286,16 @@ class _PassTimer:
     def run(self) -> None:
         m = self.model
         t0 = time.perf_counter()
-        m.rope(self.positions, m.embed(self.tokens).dtype)
-        if not m.runs_native():  # torch's path builds its mask's bias once a pass
-            self._bias()
+        x = m.embed(self.tokens)
+        cos, sin = m.rope(self.positions, x.dtype)
+        mask = self.mask if m.runs_native() else self._bias()  # torch's path builds its bias once a pass
         t1 = time.perf_counter()
-        h = m.hidden(self.tokens, self.positions, self.mask, self.cache)  # set-up + the block
+        h = m.decode(x, cos, sin, mask, self.cache)
         t2 = time.perf_counter()
         m.normed_logits(h)
         t3 = time.perf_counter()
-        block = max(t2 - t1 - (t1 - t0), 0.0)
-        self.best = [min(b, t) for b, t in zip(self.best, (t1 - t0, block, t3 - t2))]
-        self.runs.append(t1 - t0 + self.layers * block + t3 - t2)
+        self.best = [min(b, t) for b, t in zip(self.best, (t1 - t0, t2 - t1, t3 - t2))]
+        self.runs.append(t1 - t0 + self.layers * (t2 - t1) + t3 - t2)
 
     @property
     def seconds(self) -> float:

@@ -130,7 +130,8 @@ def describe(quant: str, profile_path: Path | None) -> str | None:
     found = [] if profile_path is None else sorted(profile_path.parent.glob(f"{profile_path.stem}-prefill-*.json"))
     for path in found:
         verdict, key = _read(path), json.loads(path.read_text()).get("key", "")
-        if verdict is None or not key.startswith(f"{quant} "):
+        current = key.endswith(f" native={native_available()} v{PREFILL_VERSION}")  # not a stale verdict
+        if verdict is None or not key.startswith(f"{quant} ") or not current:
             continue
         ms = {k: f"{v * 1e3:.2f} ms" for k, v in verdict["seconds"].items()}
         timed = ", ".join(f"{k} {v}" for k, v in ms.items())

@@ -270,10 +270,27 @@ class Transformer(nn.Module):
             for block in self.layers[start:stop]:
                 x = block(x, cos, sin, mask, cache, slots, prefill)
             return x
-        plan = self.plan()[start:stop]  # a decode step or a tree: the decode plan
+        return self.decode(x, cos, sin, mask, cache, start, stop, slots)  # a decode step or a tree
+
+    def decode(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache,
+        start: int = 0,
+        stop: int | None = None,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Layers [start, stop) of a decode or verification pass, from the decode plan (in C where
+        ``runs_native``): hidden states x [batch, n, hidden] -> [batch, n, hidden]. cos/sin from
+        ``rope``; mask [batch, 1, n, span] bool, or on torch's path already ``attention_bias``'s
+        float form (built once a pass)."""
+        plan = self.plan()[start:stop]
         if self._plan[3]:  # in C (``runs_native``)
             return native_layers(plan, x, cos, sin, mask, cache, slots)
-        if mask is not None:  # the cached attention's form, once for every layer
+        if mask is not None and mask.dtype == torch.bool:  # the cached attention's form, once for every layer
             mask = attention_bias(mask, torch.float64 if self.exact else torch.float32)
         for kernels in plan:
             x = decode_layer(kernels, x, cos, sin, mask, cache, slots)
