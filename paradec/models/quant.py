@@ -14,8 +14,9 @@ target that every method is lossless against is the quantized model itself.
 Where the decode path runs in C (``models.native``), decode and verification passes take each
 layer's ``native_kernel()`` instead: the same 4-bit q with fp32 d and m (the file's Q4_1 values
 unrounded), or the same int8 weights, times activations quantized to int8 in blocks of 32 (as
-llama.cpp multiplies), row-invariant by construction. Prompt passes keep torch's kernels or the
-dense copies below.
+llama.cpp multiplies), row-invariant by construction; prompt passes too, unless a dense copy
+(below) measures faster. An int4 layer keeps torch's packed form beside it (torch's path, and
+where C does not run): half a byte a weight more.
 
 - bf16 weights stay bf16 but are **packed** where oneDNN can: ``PackedLinear`` reorders a weight
   once into oneDNN's blocked layout (``mkldnn._reorder_linear_weight``). A plain bf16 ``F.linear``
