@@ -11,10 +11,13 @@ the same format's w = 1 pass. Writes OUT/results.json.
 empty tensor of its output shape: what attention, norms, RoPE, the KV writes and the Python
 around them cost) and with the LM head left out as well. That is the floor no faster linear
 kernel goes below (``PARADEC_NATIVE=0``: with torch's small ops, not the C ones).
-``--torch-ops`` adds each format on torch's small ops beside the C ones, interleaved:
+``--torch-ops`` adds each format on torch's small ops beside the C ones, interleaved;
+``--one-thread-attention`` adds it with the C attention held to one thread (``pd_attend``'s
+thread count), interleaved too:
 
     python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --parts --out benchmarks/results/pass_parts
     python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --torch-ops --out benchmarks/results/pass_ops
+    python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --one-thread-attention --out benchmarks/results/att
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ import torch
 import paradec
 from paradec.bench.report import machine, markdown_table
 from paradec.models.decode import LayerKernels
+from paradec.models.native import library
 from paradec.zoo import default_gguf
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 CONTEXT = 200
 PARTS = ("", "-no-linears", "-no-linears-no-head")  # --parts: the whole pass, then without its parts
+ONE_THREAD = "-attention-1-thread"  # --one-thread-attention's variants
 
 
 def free(n_out: int):
@@ -73,6 +78,7 @@ def main() -> None:
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)))
     ap.add_argument("--parts", action="store_true", help="also time each pass without its linears (and head)")
     ap.add_argument("--torch-ops", action="store_true", help="also each format on torch's small ops, interleaved")
+    ap.add_argument("--one-thread-attention", action="store_true", help="also with the C attention on one thread")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out_dir = Path(args.out)
@@ -83,6 +89,11 @@ def main() -> None:
         for q in list(models):
             models[q + "-torch-ops"] = paradec.load(default_gguf(), quant=q, backend="torch").model
             models[q + "-torch-ops"].set_native(False)
+    if args.one_thread_attention:
+        for q in [q for q in models if not q.endswith("-torch-ops")]:
+            models[q + ONE_THREAD] = paradec.load(default_gguf(), quant=q, backend="torch").model
+    lib = library()
+    attend = lib.pd_attend if lib is not None else None
     plans = {q + part: plan for q, m in models.items() for part, plan in parts(m, args.parts).items()}
     variants = [(q, part) for q in models for part in (PARTS if args.parts else PARTS[:1])]
     times: dict[tuple[str, int], list[float]] = {(q + part, w): [] for q, part in variants for w in widths}
@@ -102,6 +113,8 @@ def main() -> None:
                 mask = None if w == 1 else mask[None, None]
                 for q, part in variants:
                     m = models[q]
+                    if lib is not None:  # the thread count is pd_attend's last argument
+                        lib.pd_attend = (lambda *a: attend(*a[:-1], 1)) if q.endswith(ONE_THREAD) else attend
                     m._plan = (*m._plan[:2], plans[q + part], *m._plan[3:])  # the decode plan this variant runs
                     head = part != PARTS[2]
                     one_pass(m, tokens, pos, mask, caches[q], head)  # warm

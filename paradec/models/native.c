@@ -254,6 +254,8 @@ static float pd_softmax_weights(float* x, int64_t count, float top) {
 PD_WV(pd_values_f32, float, load8_f32, ld_f32)
 PD_WV(pd_values_bf16, uint16_t, load8_bf16, ld_bf16)
 
+#define PD_CHUNK 4 /* tokens a unit of the attention takes: their rep queries a KV group score in one blocked call */
+
 /* One layer's attention for a pass of n tokens in each of b rows.
 
    qkv [b, n, (heads + 2 kvh) * hd]: the tokens' projections; cos, sin [b, n, hd]: RoPE tables,
@@ -261,18 +263,15 @@ PD_WV(pd_values_bf16, uint16_t, load8_bf16, ld_bf16)
    kc + r * k_row: [kvh, hd, max_len], transposed) and values to vc (row r at vc + r * v_row:
    [kvh, max_len, hd]) at slot idx[r, i] [b, n]; then each query attends over the slots
    [0, end) its mask row shows (mask [b, n, mask_span] bytes, NULL: all of them) -> out
-   [b, n, heads * hd]. */
+   [b, n, heads * hd]. The RoPE and the K/V writes run first, on one thread; then the (row, KV
+   group, PD_CHUNK tokens) units on ``threads`` OpenMP threads: a unit's result does not depend on which
+   thread, or which other units, there are. */
 void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int64_t k_row, void* vc, int64_t v_row,
                const int64_t* idx, const uint8_t* mask, int64_t mask_span, void* out, int64_t b, int64_t n,
-               int64_t heads, int64_t kvh, int64_t hd, int64_t max_len, int64_t end, int dt) {
+               int64_t heads, int64_t kvh, int64_t hd, int64_t max_len, int64_t end, int dt, int threads) {
   const int64_t width = (heads + 2 * kvh) * hd, half = hd / 2, rep = heads / kvh, es = dt ? 2 : 4;
   const float scale = 1.0f / sqrtf((float)hd);
-  float* q = malloc(sizeof(float) * (size_t)(n * heads * hd)); /* one row's rotated queries */
-  float* qg = malloc(sizeof(float) * (size_t)(n * rep * hd)); /* one KV group's queries */
-  float* s = malloc(sizeof(float) * (size_t)(n * rep * end));  /* and their scores */
-  float* e = malloc(sizeof(float) * (size_t)end);         /* one head's visible scores, then weights */
-  int64_t* seen = malloc(sizeof(int64_t) * (size_t)end);
-  float acc[512];
+  float* q = malloc(sizeof(float) * (size_t)(b * n * heads * hd)); /* the rotated queries [b, n, heads, hd] */
   for (int64_t r = 0; r < b; ++r) {
     char* kr = (char*)kc + r * k_row * es;
     char* vr = (char*)vc + r * v_row * es;
@@ -285,7 +284,7 @@ void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int6
           float x = ld(qkv, base + d, dt), y = ld(qkv, base + (d + half) % hd, dt);
           float rot = rnd(rnd(x * c, dt) + rnd(y * sn, dt), dt);
           if (h < heads)
-            q[(i * heads + h) * hd + d] = rot;
+            q[(t * heads + h) * hd + d] = rot;
           else
             st(kr, ((h - heads) * hd + d) * max_len + slot, rot, dt);
         }
@@ -294,22 +293,35 @@ void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int6
         for (int64_t d = 0; d < hd; ++d)
           st(vr, (g * max_len + slot) * hd + d, ld(qkv, t * width + (heads + kvh + g) * hd + d, dt), dt);
     }
-    for (int64_t g = 0; g < kvh; ++g) {
-      const char* kg = kr + g * hd * max_len * es; /* [hd, max_len] */
-      const char* vg = vr + g * max_len * hd * es; /* [max_len, hd] */
-      for (int64_t i = 0; i < n; ++i) /* the group's queries, row (i, h) at (i * rep + h) * hd */
-        memcpy(qg + i * rep * hd, q + (i * heads + g * rep) * hd, sizeof(float) * (size_t)(rep * hd));
+  }
+  const int64_t chunks = (n + PD_CHUNK - 1) / PD_CHUNK, units = b * kvh * chunks;
+#pragma omp parallel num_threads(threads)
+  {
+    float* qg = malloc(sizeof(float) * (size_t)(PD_CHUNK * rep * hd)); /* one unit's queries */
+    float* s = malloc(sizeof(float) * (size_t)(PD_CHUNK * rep * end)); /* and their scores */
+    float* e = malloc(sizeof(float) * (size_t)end); /* one head's visible scores, then weights */
+    int64_t* seen = malloc(sizeof(int64_t) * (size_t)end);
+    float acc[512];
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t r = u / (kvh * chunks), g = (u / chunks) % kvh, i0 = (u % chunks) * PD_CHUNK;
+      const int64_t i1 = i0 + PD_CHUNK < n ? i0 + PD_CHUNK : n;
+      const char* kg = (char*)kc + r * k_row * es + g * hd * max_len * es; /* [hd, max_len] */
+      const char* vg = (char*)vc + r * v_row * es + g * max_len * hd * es; /* [max_len, hd] */
+      for (int64_t i = i0; i < i1; ++i) /* the group's queries, row (i, h) at ((i - i0) * rep + h) * hd */
+        memcpy(qg + (i - i0) * rep * hd, q + ((r * n + i) * heads + g * rep) * hd, sizeof(float) * (size_t)(rep * hd));
       if (dt)
-        pd_scores_bf16(qg, n * rep, (const uint16_t*)kg, max_len, hd, end, s);
+        pd_scores_bf16(qg, (i1 - i0) * rep, (const uint16_t*)kg, max_len, hd, end, s);
       else
-        pd_scores_f32(qg, n * rep, (const float*)kg, max_len, hd, end, s);
-      for (int64_t i = 0; i < n; ++i) {
-        const uint8_t* m = mask ? mask + (r * n + i) * mask_span : NULL;
+        pd_scores_f32(qg, (i1 - i0) * rep, (const float*)kg, max_len, hd, end, s);
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t t = r * n + i;
+        const uint8_t* m = mask ? mask + t * mask_span : NULL;
         int64_t count = 0;
         for (int64_t j = 0; j < end; ++j)
           if (!m || (j < mask_span && m[j])) seen[count++] = j;
         for (int64_t h = 0; h < rep; ++h) {
-          const float* sh = s + (i * rep + h) * end;
+          const float* sh = s + ((i - i0) * rep + h) * end;
           float top = -INFINITY;
           for (int64_t c = 0; c < count; ++c) {
             e[c] = sh[seen[c]] * scale;
@@ -320,15 +332,15 @@ void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int6
             pd_values_bf16(e, seen, count, (const uint16_t*)vg, hd, acc);
           else
             pd_values_f32(e, seen, count, (const float*)vg, hd, acc);
-          int64_t o = (r * n + i) * heads * hd + (g * rep + h) * hd;
+          int64_t o = t * heads * hd + (g * rep + h) * hd;
           for (int64_t d = 0; d < hd; ++d) st(out, o + d, acc[d] / total, dt);
         }
       }
     }
+    free(qg);
+    free(s);
+    free(e);
+    free(seen);
   }
   free(q);
-  free(s);
-  free(qg);
-  free(e);
-  free(seen);
 }

@@ -100,7 +100,7 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.pd_add_norm.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]
     lib.pd_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64, _int]
-    lib.pd_attend.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr] + [_i64] * 7 + [_int]
+    lib.pd_attend.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr] + [_i64] * 7 + [_int, _int]
     lib.pd_q4_linear.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _int, _int]
     lib.pd_q8_linear.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _int, _int]
     for fn in (lib.pd_add_norm, lib.pd_silu_mul, lib.pd_attend):
@@ -189,7 +189,7 @@ def native_layers(
 
     cos/sin [batch, n, 1, head_dim] in x's dtype; mask [batch, 1, n, span] bool (None: every
     slot visible); slots [batch, n] (None: the next n). Writes the tokens' K/V."""
-    lib, dt = library(), DTYPES[x.dtype]
+    lib, dt, threads = library(), DTYPES[x.dtype], torch.get_num_threads()
     b, n, hidden = x.shape
     x = x.clone(memory_format=torch.contiguous_format)  # the residual stream, updated in place
     rows = b * n
@@ -209,7 +209,7 @@ def native_layers(
         shape = (b, n, k.heads, k.kv_heads, k.head_dim, cache.max_len, end)
         lib.pd_attend(
             qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv_ptr[0], keys.stride(1), kv_ptr[1], values.stride(1),
-            idx.data_ptr(), m_ptr, m_span, att.data_ptr(), *shape, dt,
+            idx.data_ptr(), m_ptr, m_span, att.data_ptr(), *shape, dt, threads,
         )  # fmt: skip
         o = _checked(k.wo(att), x.dtype)
         lib.pd_add_norm(x.data_ptr(), o.data_ptr(), k.mlp_norm.data_ptr(), h.data_ptr(), rows, hidden, k.eps, dt)
