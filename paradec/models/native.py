@@ -100,7 +100,8 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.pd_add_norm.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int]
     lib.pd_silu_mul.argtypes = [_ptr, _ptr, _i64, _i64, _int]
-    lib.pd_attend.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr] + [_i64] * 7 + [_int, _int]
+    tensors = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr]
+    lib.pd_attend.argtypes = tensors + [_i64] * 7 + [_int, _int]  # ..., shape, dtype, threads
     lib.pd_q4_linear.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _int, _int]
     lib.pd_q8_linear.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _int, _int]
     for fn in (lib.pd_add_norm, lib.pd_silu_mul, lib.pd_attend):
