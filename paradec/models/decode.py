@@ -36,7 +36,8 @@ def linear(layer: nn.Module, x: torch.Tensor, exact: bool = True, prefill: bool 
     """
     if prefill and (dense := getattr(layer, "prefill_linear", None)) is not None:
         return dense(x)
-    if prefill and getattr(layer, "native_prefill", False) and (kernel := layer.native_kernel()) is not None:
+    native = prefill and getattr(layer, "native_prefill", False) and x.dtype in (torch.bfloat16, torch.float32)
+    if native and (kernel := layer.native_kernel()) is not None:  # the C kernels take bf16 or fp32
         return kernel(x)
     if exact and x.numel() == x.shape[-1] and layer.in_features > GEMV_INNER_LIMIT and isinstance(layer, nn.Linear):
         return layer(torch.cat([x, x], 0))[:1]
