@@ -203,3 +203,31 @@ def test_draft_with_other_vocabulary_is_refused(llama_dir, tmp_path):
     other = make_checkpoint(tmp_path / "other", vocab_size=300, num_layers=1)
     with pytest.raises(ParadecError, match="tokenizer"):
         engine_with(llama_dir, other)
+
+
+def test_an_ssm_catches_up_rows_that_owe_different_chains(drafters):
+    """After skipped steps (``set_width(0)``) the rows of a batch owe the SSM chains of different
+    lengths; the next tree is the one each row gets alone, and padding a row with many committed
+    tokens to another row's long chain must not overflow the SSM's cache."""
+    from paradec.draft.model import ModelDrafter
+    from paradec.models import load_model
+
+    ssm = load_model(drafters[0], torch.float32)
+    prompts = [list(range(3, 33)), [5, 6, 7]]  # 30 and 3 tokens: row 0 has the longer history
+    greedy = SamplingConfig(temperature=0.0)
+
+    def drafter(rows: list[list[int]]) -> ModelDrafter:
+        d = ModelDrafter(ssm, (2, 1), greedy)
+        d.begin(rows, max_len=34)  # room for row 0's 30 tokens and 4 more, no more
+        return d
+
+    both = drafter(prompts)
+    both.width = 0  # what ``TreeDrafter.set_width`` hands it
+    both.propose([None, None])
+    both.commit(0, [], 40)  # row 0: one token more; row 1: thirteen
+    both.commit(1, list(range(8, 20)), 20)
+    both.width = None
+    trees = both.propose([None, None])  # without the catch-up: row 0 padded to 14 + the tree, past 34 + slack
+    for b, history in enumerate([prompts[0] + [40], prompts[1] + list(range(8, 21))]):
+        alone = drafter([history])
+        assert alone.propose([None])[0].tokens == trees[b].tokens

@@ -112,6 +112,9 @@ class ModelDrafter:
         self.skipped = self.width == 0
         if self.skipped:  # drafting does not pay here now (``policy.budget``): the SSM catches up later
             return [DraftTree([chain[-1]], [-1], [None]) for chain in self.pending]
+        lengths = [len(p) for p in self.pending]
+        if max(lengths) - min(lengths) > len(self.expansion):  # padding past the cache's slack
+            self._catch_up()
         width = max(len(p) for p in self.pending)
         self.trees, self.roots = [], []
         for chain in self.pending:
@@ -152,6 +155,27 @@ class ModelDrafter:
             start += n_new
         self.written = start
         return drafts
+
+    def _catch_up(self) -> None:
+        """Run each row's pending chain but its last token through the SSM on its own, so the next
+        pass is not padded to the longest chain: after skipped steps a chain may be as long as the
+        steps skipped, and padding a row with many committed tokens to another row's longer chain
+        would overflow its cache, whose slack past the answer is the tree's nodes and
+        ``len(expansion) + 2``."""
+        for b, chain in enumerate(self.pending):
+            if len(chain) < 2:
+                continue
+            row = ScratchTree()
+            for i, tok in enumerate(chain[:-1]):
+                row.add(tok, i - 1)
+            n = len(chain) - 1
+            with self.cache.rows(b, 1) as sub:
+                tokens, pos, mask = pass_tensors([row], 0, n, sub.lengths)
+                dev = self.device
+                self.model.hidden(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), sub)
+                sub.keep_scratch(n)
+                sub.advance(0, n)
+            self.pending[b] = chain[-1:]
 
     def _expand(self, logits: torch.Tensor, k: int, generators) -> list[list[tuple[int, int, torch.Tensor | None]]]:
         """logits [batch, frontier, vocab] -> per row, k children per frontier node."""

@@ -26,7 +26,7 @@ AVX2 cores a llama.cpp pass of 2 tokens costs 1.7 `ar` steps, and chains accepte
 the time were verified at a loss); and where even the best W does not pay for
 the drafting's own measured time (an SSM's or a head's passes), ``next_width`` tells the drafters to
 skip drafting (width 0): the method then runs as `ar` does, looking again every ``EXPLORE_EVERY``
-steps, or more rarely where a look costs more than ``LOOK_SHARE`` of the time between looks.
+steps.
 """
 
 from __future__ import annotations
@@ -188,18 +188,10 @@ class BatchBudget:
             return max(width, 1)
         self.drafted = 0
         self.skipped += 1
-        if self.skipped >= self.skip_looks_every(batch, draft):  # the acceptance may have changed: look again
+        if self.skipped >= EXPLORE_EVERY:  # the acceptance may have changed with the text: look again
             self.skipped = 0
             return 3
         return 0
-
-    def skip_looks_every(self, batch: int, draft: float) -> int:
-        """Skipped steps between looks at 3 drafted nodes: EXPLORE_EVERY, or more where a look (a
-        wider pass, and ``draft`` seconds of drafting) costs more than LOOK_SHARE of the time
-        between looks. With `ar` at 9 ms on 2 AVX2 cores, a look every 16 steps cost the demo's
-        drafters ~5 % of a 64-token answer where nothing drafted was accepted."""
-        extra = (self.latency.predict(batch * 3) + draft) / self.latency.predict(batch) - 1.0
-        return max(EXPLORE_EVERY, math.ceil(extra / LOOK_SHARE))
 
 
 def cut_batch(
