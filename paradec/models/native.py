@@ -47,6 +47,7 @@ from paradec.kv import KVCache
 from paradec.models.decode import LayerKernels
 
 SOURCES = (Path(__file__).with_name("native.c"), Path(__file__).with_name("native_mm.c"))
+HEADER = Path(__file__).with_name("native.h")  # what both share (part of the build's key)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
 OPENMP = "-fopenmp"  # the quantized linears' threads (the process's OpenMP runtime: torch's); dropped if absent
 DTYPES = {torch.bfloat16: 1, torch.float32: 0}
@@ -78,7 +79,7 @@ def library() -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         return None
-    source = b"".join(src.read_bytes() for src in SOURCES)
+    source = b"".join(src.read_bytes() for src in (*SOURCES, HEADER))
     key = hashlib.sha256(source + " ".join((cc, *FLAGS, OPENMP, _cpu_signature())).encode()).hexdigest()[:16]
     path = _home() / f"decode-{key}.so"
     if not path.exists():

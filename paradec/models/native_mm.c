@@ -20,26 +20,13 @@ and a verified tree agree bit for bit. Built with the small ops (-O3 -march=nati
 #include <stdlib.h>
 #include <string.h>
 
+#include "native.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 #define QB 32 /* activations and int4 weights: one scale per block of 32 along the input */
 #define NCHUNK 16 /* output columns a thread takes at a time */
-
-static inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 /* x [rows, k] (bf16 if dt, else fp32) -> qx [rows, k] int8, dx [rows, k / 32] (the blocks'
    scales: max |x| / 127) and sx [rows, k / 32] (dx * the sum of the block's qx). Rounded to nearest
@@ -85,13 +72,6 @@ static inline float hsum8(__m256 a) { /* one fixed reduction tree */
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   h = _mm_add_ss(h, _mm_movehdup_ps(h));
   return _mm_cvtss_f32(h);
-}
-
-static inline void store(void* y, int64_t i, float v, int dt) {
-  if (dt)
-    ((uint16_t*)y)[i] = f32_to_bf16(v);
-  else
-    ((float*)y)[i] = v;
 }
 
 /* The 32 4-bit weights of one block, 16 bytes (byte j: weight j low, weight j + 16 high), as
@@ -141,7 +121,7 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t* qx, cons
   }
   for (int r = 0; r < MB; ++r)
     for (int c = 0; c < NB; ++c)
-      store(y, r * ny + n + c, hsum8(acc[r][c]) + dot_blocks(m + (n + c) * nb, sx + r * nb, nb), dt);
+      st(y, r * ny + n + c, hsum8(acc[r][c]) + dot_blocks(m + (n + c) * nb, sx + r * nb, nb), dt);
 }
 
 /* int8: as q4_tile, the weights signed bytes [n, k] with one scale a column. */
@@ -167,7 +147,7 @@ static inline __attribute__((always_inline)) void q8_tile(const int8_t* qx, cons
     }
   }
   for (int r = 0; r < MB; ++r)
-    for (int c = 0; c < NB; ++c) store(y, r * ny + n + c, scale[n + c] * hsum8(acc[r][c]), dt);
+    for (int c = 0; c < NB; ++c) st(y, r * ny + n + c, scale[n + c] * hsum8(acc[r][c]), dt);
 }
 
 /* Tiles of up to 4 rows x (16 / rows, at most 4) columns over columns [n0, n1). */
@@ -187,6 +167,15 @@ static inline __attribute__((always_inline)) void q8_tile(const int8_t* qx, cons
       for (; n + 4 <= n1; n += 4) TILE(r, n, 1, 4, __VA_ARGS__);                            \
       for (; n < n1; ++n) TILE(r, n, 1, 1, __VA_ARGS__);                                    \
     }                                                                                       \
+  }
+
+/* y's columns in chunks of NCHUNK over the threads, each chunk OVER_ROWS. */
+#define OVER_COLUMNS(TILE)                                                      \
+  const int64_t es = dt ? 2 : 4, chunks = (cols + NCHUNK - 1) / NCHUNK;         \
+  _Pragma("omp parallel for num_threads(threads) schedule(static)")             \
+  for (int64_t ch = 0; ch < chunks; ++ch) {                                     \
+    int64_t n0 = ch * NCHUNK, n1 = n0 + NCHUNK < cols ? n0 + NCHUNK : cols;     \
+    OVER_ROWS(TILE)                                                             \
   }
 
 #define Q4(r, n, MB, NB, ...) \
@@ -220,12 +209,7 @@ int pd_q4_linear(const void* x, int64_t rows, int64_t k, const uint8_t* q, const
   int8_t* qx;
   float *dx, *sx;
   if (!quantized_input(x, rows, k, dt, &qx, &dx, &sx)) return 0;
-  const int64_t es = dt ? 2 : 4, chunks = (cols + NCHUNK - 1) / NCHUNK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    int64_t n0 = ch * NCHUNK, n1 = n0 + NCHUNK < cols ? n0 + NCHUNK : cols;
-    OVER_ROWS(Q4)
-  }
+  OVER_COLUMNS(Q4)
   return 1;
 }
 
@@ -235,12 +219,7 @@ int pd_q8_linear(const void* x, int64_t rows, int64_t k, const int8_t* q, const 
   int8_t* qx;
   float *dx, *sx;
   if (!quantized_input(x, rows, k, dt, &qx, &dx, &sx)) return 0;
-  const int64_t es = dt ? 2 : 4, chunks = (cols + NCHUNK - 1) / NCHUNK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    int64_t n0 = ch * NCHUNK, n1 = n0 + NCHUNK < cols ? n0 + NCHUNK : cols;
-    OVER_ROWS(Q8)
-  }
+  OVER_COLUMNS(Q8)
   return 1;
 }
 
