@@ -114,12 +114,10 @@ def shape_of(cfg: ModelConfig) -> str:
 
 
 def profile_path(home: Path, cpu: CpuInfo, cfg: ModelConfig, exact: bool) -> Path:
-    from paradec.models.native import available
+    from paradec.models.native import available  # the decode path in C, or torch's: other curves
 
-    native = exact and available()  # C small ops and linears, or torch's (``models.native``)
-    key = f"{shape_of(cfg)} exact={exact} native={native} v{PROFILE_VERSION}"
-    shape = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return home / "profiles" / f"{cpu.key()}-{shape}.json"
+    key = f"{shape_of(cfg)} exact={exact} native={exact and available()} v{PROFILE_VERSION}"
+    return home / "profiles" / f"{cpu.key()}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
 
 def profile(
@@ -276,19 +274,12 @@ class _PassTimer:
         self.best = [float("inf")] * 3
         self.runs: list[float] = []  # seconds of each whole (estimated) pass, one per round
 
-    def _bias(self) -> torch.Tensor | None:
-        from paradec.models.decode import attention_bias
-
-        if self.mask is None:
-            return None
-        return attention_bias(self.mask, torch.float64 if self.model.exact else torch.float32)
-
     def run(self) -> None:
         m = self.model
         t0 = time.perf_counter()
         x = m.embed(self.tokens)
         cos, sin = m.rope(self.positions, x.dtype)
-        mask = self.mask if m.runs_native() else self._bias()  # torch's path builds its bias once a pass
+        mask = m.decode_mask(self.mask)  # built once a pass
         t1 = time.perf_counter()
         h = m.decode(x, cos, sin, mask, self.cache)
         t2 = time.perf_counter()

@@ -19,6 +19,7 @@ import torch
 
 from paradec.config import MAX_TREE_NODES, SamplingConfig, expansion_nodes
 from paradec.errors import ParadecError
+from paradec.kv import KVCache
 from paradec.models import Transformer
 from paradec.options import option
 from paradec.sampling import probs
@@ -78,25 +79,7 @@ class ModelDrafter:
         """Prefill every prompt but its last token (the first root), like the target."""
         self.cache = self.model.new_cache(len(prompts), max_len + self.max_nodes + len(self.expansion) + 2)
         self.pending = [[p[-1]] for p in prompts]
-        lengths = [len(p) - 1 for p in prompts]
-        width = max(lengths)
-        if width:
-            rows = []
-            for p in prompts:
-                row = ScratchTree()
-                for i, tok in enumerate(p[:-1]):
-                    row.add(tok, i - 1)
-                for _ in range(width - len(p) + 1):
-                    row.add(0, -1)
-                rows.append(row)
-            tokens, pos, mask = pass_tensors(rows, 0, width, self.cache.lengths)
-            dev = self.device  # the K/V alone: no logits are read (an LM head over every prompt position)
-            self.model.hidden(
-                tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), self.cache, prefill=True
-            )
-            self.cache.keep_scratch(width)
-            for b, n in enumerate(lengths):
-                self.cache.advance(b, n)
+        self._run_chains(self.cache, [p[:-1] for p in prompts], prefill=True)
 
     def _forward(self, rows: list[ScratchTree], start: int, width: int) -> torch.Tensor:
         tokens, pos, mask = pass_tensors(rows, start, width, self.cache.lengths)
@@ -163,19 +146,31 @@ class ModelDrafter:
         would overflow its cache, whose slack past the answer is the tree's nodes and
         ``len(expansion) + 2``."""
         for b, chain in enumerate(self.pending):
-            if len(chain) < 2:
-                continue
+            if len(chain) > 1:
+                with self.cache.rows(b, 1) as sub:
+                    self._run_chains(sub, [chain[:-1]])
+                self.pending[b] = chain[-1:]
+
+    def _run_chains(self, cache: KVCache, chains: list[list[int]], prefill: bool = False) -> None:
+        """Write the K/V of each row's ``chains`` tokens after its committed ones and commit them:
+        one SSM pass, rows padded to the longest (no logits are read). ``prefill``: a prompt pass."""
+        width = max(len(c) for c in chains)
+        if not width:
+            return
+        rows = []
+        for chain in chains:
             row = ScratchTree()
-            for i, tok in enumerate(chain[:-1]):
+            for i, tok in enumerate(chain):
                 row.add(tok, i - 1)
-            n = len(chain) - 1
-            with self.cache.rows(b, 1) as sub:
-                tokens, pos, mask = pass_tensors([row], 0, n, sub.lengths)
-                dev = self.device
-                self.model.hidden(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), sub)
-                sub.keep_scratch(n)
-                sub.advance(0, n)
-            self.pending[b] = chain[-1:]
+            for _ in range(width - len(chain)):
+                row.add(0, -1)  # padding
+            rows.append(row)
+        tokens, pos, mask = pass_tensors(rows, 0, width, cache.lengths)
+        dev = self.device
+        self.model.hidden(tokens.to(dev), pos.to(dev), None if mask is None else mask.to(dev), cache, prefill=prefill)
+        cache.keep_scratch(width)
+        for b, chain in enumerate(chains):
+            cache.advance(b, len(chain))
 
     def _expand(self, logits: torch.Tensor, k: int, generators) -> list[list[tuple[int, int, torch.Tensor | None]]]:
         """logits [batch, frontier, vocab] -> per row, k children per frontier node."""

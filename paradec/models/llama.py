@@ -290,11 +290,17 @@ class Transformer(nn.Module):
         plan = self.plan()[start:stop]
         if self._plan[3]:  # in C (``runs_native``)
             return native_layers(plan, x, cos, sin, mask, cache, slots)
-        if mask is not None and mask.dtype == torch.bool:  # the cached attention's form, once for every layer
-            mask = attention_bias(mask, torch.float64 if self.exact else torch.float32)
+        mask = self.decode_mask(mask)  # the cached attention's form, once for every layer
         for kernels in plan:
             x = decode_layer(kernels, x, cos, sin, mask, cache, slots)
         return x
+
+    def decode_mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """mask [batch, 1, n, span] bool (or None) -> the form ``decode`` takes, built once a pass:
+        as it is in C, else ``attention_bias``'s float form."""
+        if mask is None or mask.dtype != torch.bool or self.runs_native():
+            return mask
+        return attention_bias(mask, torch.float64 if self.exact else torch.float32)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: [..., hidden] -> [..., vocab]."""

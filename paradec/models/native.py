@@ -120,26 +120,32 @@ def supports(dtype: torch.dtype, device: torch.device | str, head_dim: int) -> b
     return dtype in DTYPES and torch.device(device).type == "cpu" and head_dim <= MAX_HEAD_DIM and library() is not None
 
 
+def _quantized_kernel(
+    name: str, weights: tuple[torch.Tensor, ...], n_in: int, n_out: int, bias: torch.Tensor | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [..., n_in] bf16 or fp32 -> [..., n_out] in x's dtype through the C linear ``name``, which
+    reads ``weights`` (held by the closure) by pointer."""
+    lib = library()
+
+    def mm(x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, n_in).contiguous()
+        y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype)
+        ptrs = (t.data_ptr() for t in weights)
+        shape = (n_out, DTYPES[x.dtype], torch.get_num_threads())
+        if not getattr(lib, name)(x2.data_ptr(), x2.shape[0], n_in, *ptrs, y.data_ptr(), *shape):
+            raise MemoryError(f"{name}: no memory for the activations' int8 form")
+        return y if bias is None else y + bias
+
+    return mm
+
+
 def q4_kernel(
     q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """An int4 linear (w = d q + m in blocks of 32 along the input) in C, for decode passes:
     x [..., in] bf16 or fp32 -> [..., out] in x's dtype. q [out, in / 2] uint8 (``pack_q4``), d and
     m [out, in / 32] fp32. Each row of x is quantized to int8 in blocks of 32 (``native_mm.c``)."""
-    lib, n_out, n_in = library(), q.shape[0], 2 * q.shape[1]
-    weights = (q, d, m)  # held by the closure: C reads them through these pointers
-    q_ptr, d_ptr, m_ptr = (t.data_ptr() for t in weights)
-
-    def mm(x: torch.Tensor) -> torch.Tensor:
-        assert weights
-        x2 = x.reshape(-1, n_in).contiguous()
-        y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype)
-        args = (x2.shape[0], n_in, q_ptr, d_ptr, m_ptr, y.data_ptr(), n_out, DTYPES[x.dtype], torch.get_num_threads())
-        if not lib.pd_q4_linear(x2.data_ptr(), *args):
-            raise MemoryError("the int4 linear's activations buffer")
-        return y if bias is None else y + bias
-
-    return mm
+    return _quantized_kernel("pd_q4_linear", (q, d, m), 2 * q.shape[1], q.shape[0], bias)
 
 
 def q8_kernel(
@@ -147,20 +153,7 @@ def q8_kernel(
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """An int8 linear (w = scale q, one scale an output) in C, for decode passes: x [..., in] bf16
     or fp32 -> [..., out] in x's dtype. q [out, in] int8, scale [out] fp32; in % 32 == 0."""
-    lib, (n_out, n_in) = library(), q.shape
-    weights = (q, scale)  # held by the closure: C reads them through these pointers
-    q_ptr, s_ptr = (t.data_ptr() for t in weights)
-
-    def mm(x: torch.Tensor) -> torch.Tensor:
-        assert weights
-        x2 = x.reshape(-1, n_in).contiguous()
-        y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype)
-        args = (x2.shape[0], n_in, q_ptr, s_ptr, y.data_ptr(), n_out, DTYPES[x.dtype], torch.get_num_threads())
-        if not lib.pd_q8_linear(x2.data_ptr(), *args):
-            raise MemoryError("the int8 linear's activations buffer")
-        return y if bias is None else y + bias
-
-    return mm
+    return _quantized_kernel("pd_q8_linear", (q, scale), q.shape[1], q.shape[0], bias)
 
 
 def pack_q4(q: torch.Tensor) -> torch.Tensor:
