@@ -12,12 +12,12 @@ empty tensor of its output shape: what attention, norms, RoPE, the KV writes and
 around them cost) and with the LM head left out as well. That is the floor no faster linear
 kernel goes below (``PARADEC_NATIVE=0``: with torch's small ops, not the C ones).
 ``--torch-ops`` adds each format on torch's small ops beside the C ones, interleaved;
-``--one-thread-attention`` adds it with the C attention held to one thread (``pd_attend``'s
-thread count), interleaved too:
+``--call-a-step`` adds it with the C path called a step at a time from Python (four linears and
+three small ops a layer) where it runs a whole pass in one call (``pd_layers``), interleaved too:
 
     python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --parts --out benchmarks/results/pass_parts
     python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --torch-ops --out benchmarks/results/pass_ops
-    python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --one-thread-attention --out benchmarks/results/att
+    python benchmarks/pass_cost.py --quants int4 --widths 1,2,4,8,16 --call-a-step --out benchmarks/results/calls
 """
 
 from __future__ import annotations
@@ -34,13 +34,12 @@ import torch
 import paradec
 from paradec.bench.report import machine, markdown_table
 from paradec.models.decode import LayerKernels
-from paradec.models.native import library
 from paradec.zoo import default_gguf
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 CONTEXT = 200
 PARTS = ("", "-no-linears", "-no-linears-no-head")  # --parts: the whole pass, then without its parts
-ONE_THREAD = "-attention-1-thread"  # --one-thread-attention's variants
+A_STEP = "-call-a-step"  # --call-a-step's variants
 
 
 def free(n_out: int):
@@ -78,7 +77,7 @@ def main() -> None:
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)))
     ap.add_argument("--parts", action="store_true", help="also time each pass without its linears (and head)")
     ap.add_argument("--torch-ops", action="store_true", help="also each format on torch's small ops, interleaved")
-    ap.add_argument("--one-thread-attention", action="store_true", help="also with the C attention on one thread")
+    ap.add_argument("--call-a-step", action="store_true", help="also with the C path called a step at a time")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out_dir = Path(args.out)
@@ -89,12 +88,11 @@ def main() -> None:
         for q in list(models):
             models[q + "-torch-ops"] = paradec.load(default_gguf(), quant=q, backend="torch").model
             models[q + "-torch-ops"].set_native(False)
-    if args.one_thread_attention:
+    if args.call_a_step:
         for q in [q for q in models if not q.endswith("-torch-ops")]:
-            models[q + ONE_THREAD] = paradec.load(default_gguf(), quant=q, backend="torch").model
-    lib = library()
-    attend = lib.pd_attend if lib is not None else None
+            models[q + A_STEP] = paradec.load(default_gguf(), quant=q, backend="torch").model
     plans = {q + part: plan for q, m in models.items() for part, plan in parts(m, args.parts).items()}
+    own = {q: m._plan for q, m in models.items()}  # built after every load: no registration after this
     variants = [(q, part) for q in models for part in (PARTS if args.parts else PARTS[:1])]
     times: dict[tuple[str, int], list[float]] = {(q + part, w): [] for q, part in variants for w in widths}
     with torch.inference_mode():
@@ -113,16 +111,16 @@ def main() -> None:
                 mask = None if w == 1 else mask[None, None]
                 for q, part in variants:
                     m = models[q]
-                    if lib is not None:  # the thread count is pd_attend's last argument
-                        lib.pd_attend = (lambda *a: attend(*a[:-1], 1)) if q.endswith(ONE_THREAD) else attend
-                    m._plan = (*m._plan[:2], plans[q + part], *m._plan[3:])  # the decode plan this variant runs
+                    # the decode plan this variant runs: free linears and a step at a time are Python's calls
+                    table = None if part or q.endswith(A_STEP) else own[q].table
+                    m._plan = dataclasses.replace(own[q], layers=plans[q + part], table=table)
                     head = part != PARTS[2]
                     one_pass(m, tokens, pos, mask, caches[q], head)  # warm
                     t = time.perf_counter()
                     for _ in range(args.passes):
                         one_pass(m, tokens, pos, mask, caches[q], head)
                     times[(q + part, w)].append((time.perf_counter() - t) / args.passes * 1000)
-                    m._plan = (*m._plan[:2], plans[q], *m._plan[3:])
+                    m._plan = own[q]
     rows = []
     for q, part in variants:
         base = statistics.median(times[(q, widths[0])])

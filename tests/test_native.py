@@ -123,12 +123,52 @@ def test_quantized_linears_in_c(checkpoints, quant, monkeypatch):
             assert torch.equal(kernel(x[1 : 1 + rows]), alone[1 : 1 + rows])
     lib, calls = library(), []
     name = "pd_q4_linear" if quant == "int4" else "pd_q8_linear"
-    own = getattr(lib, name)
-    monkeypatch.setattr(lib, name, lambda *a: calls.append(1) or own(*a))
+    for fn in (name, "pd_layers"):
+        own = getattr(lib, fn)
+        monkeypatch.setattr(lib, fn, lambda *a, fn=fn, own=own: calls.append(fn) or own(*a))
     cache = _prefilled(model, torch.tensor([[5, 17, 33]]))  # a prompt, no dense path asked for: C's too
-    assert len(calls) == 4 * model.config.num_layers
+    assert calls == [name] * 4 * model.config.num_layers
     _pass(model, cache, torch.tensor([[3]]), torch.tensor([[3]]), None)
-    assert len(calls) == 2 * 4 * model.config.num_layers + (quant == "int8")  # the head is int8 by default
+    # the decode pass's layers in one call, then the head (int8 by default)
+    assert calls[4 * model.config.num_layers :] == ["pd_layers"] + [name] * (quant == "int8")
+
+
+@pytest.mark.parametrize(
+    "dtype, quant, ckpt", [("fp32", "int4", "qwen2"), ("bf16", "int4", "llama"), ("bf16", "int8", "qwen2")]
+)
+def test_a_pass_in_one_call_is_the_pass_a_call_a_step(checkpoints, dtype, quant, ckpt, monkeypatch):
+    """Where every linear is a quantized one in C, a decode pass runs its layers in one C call
+    (``pd_layers``, one OpenMP region): the same bits as a C call a step, for a tree beside a
+    second row of another length (Qwen2: the qkv bias added in C), and the K/V it writes."""
+    from paradec.models import native
+
+    def run(model):
+        cache = model.new_cache(2, 40)
+        for row, prompt in enumerate(([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [5, 17, 33, 80, 2, 9, 41, 7])):
+            with cache.rows(row, 1) as sub, torch.inference_mode():
+                model.hidden(torch.tensor([prompt]), torch.arange(len(prompt))[None], None, sub, prefill=True)
+                sub.advance(0, len(prompt))
+        tree, chain = ScratchTree(), ScratchTree()
+        for token, parent in ((3, -1), (99, 0), (98, 1), (8, 0), (13, 3)):
+            tree.add(token, parent)
+        for i in range(5):
+            chain.add(4 + i, i - 1)
+        ids, positions, mask = pass_tensors([chain, tree], 0, 5, [11, 8])
+        logits = _pass(model, cache, ids, positions, mask)
+        return logits, cache.keys.clone(), cache.values.clone()
+
+    model = paradec.load(checkpoints[ckpt], dtype=dtype, quant=quant, prefill="kernel").model
+    lib, calls = library(), []
+    layers = lib.pd_layers
+    monkeypatch.setattr(lib, "pd_layers", lambda *a: calls.append(1) or layers(*a))
+    one = run(model)
+    assert len(calls) == 1
+    monkeypatch.setattr(native, "ONE_CALL", False)
+    model.set_native(None)  # the plan again, without the table
+    steps = run(model)
+    assert len(calls) == 1
+    for a, b in zip(one, steps):
+        assert torch.equal(a, b)
 
 
 def test_the_library_is_built_once_and_reused(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from torch import nn
 from paradec.config import ModelConfig
 from paradec.kv import KVCache
 from paradec.models.decode import LayerKernels, attention_bias, decode_layer, linear, linear_kernel, rms_norm, rotate
-from paradec.models.native import native_layers, supports
+from paradec.models.native import LayerTable, native_layers, supports
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -170,6 +171,19 @@ for _register in (
     _register(_bump)
 
 
+@dataclass(frozen=True)
+class DecodePlan:
+    """How a model's decode and verification passes run (``Transformer.plan``), built once and
+    again when the process registers a module, parameter or buffer anywhere (``generation``)."""
+
+    generation: int
+    owner: int  # id() of the model it was built for
+    layers: list[LayerKernels]
+    native: bool  # in C (``runs_native``)
+    head: Callable[[torch.Tensor], torch.Tensor] | None  # the LM head's C kernel, or None
+    table: LayerTable | None  # every layer for ``pd_layers``: the pass in one C call, or None
+
+
 class Transformer(nn.Module):
     """A decoder-only LM.
 
@@ -193,8 +207,7 @@ class Transformer(nn.Module):
         self.exact = True
         self.prefill_path: str | None = None  # the dense weights prompt passes take ("bf16", "fp32"; ``cpu.prefill``)
         self.native: bool | None = None  # the C small ops (``set_native``): None where they build and fit
-        # (generation, id, per layer, native, the LM head's C kernel or None)
-        self._plan: tuple[int, int, list[LayerKernels], bool, Callable | None] | None = None
+        self._plan: DecodePlan | None = None
 
     def set_exact(self, exact: bool) -> None:
         """Shape-invariant numerics for decode/verification passes (default): a token's K/V,
@@ -211,14 +224,15 @@ class Transformer(nn.Module):
         a module, parameter or buffer registered anywhere (a layer quantized, packed or replaced),
         a move or cast of the whole model (``_apply``), ``set_exact``. (A layer moved or cast on
         its own, ``model.layers[i].to(...)``, is not seen: cast the model.)"""
-        if self._plan is None or self._plan[:2] != (_GENERATION[0], id(self)):
+        if self._plan is None or (self._plan.generation, self._plan.owner) != (_GENERATION[0], id(self)):
             weight = self.embed.weight
             native = self.exact and self.native is not False
             native = native and supports(weight.dtype, weight.device, self.config.head_dim)
             layers = [block.kernels(native) for block in self.layers]
             own = getattr(self.lm_head, "native_kernel", None) if native else None
-            self._plan = (_GENERATION[0], id(self), layers, native, own() if own is not None else None)
-        return self._plan[2]
+            table = LayerTable.of(layers, weight.dtype) if native else None  # the pass in one C call
+            self._plan = DecodePlan(_GENERATION[0], id(self), layers, native, own() if own is not None else None, table)
+        return self._plan.layers
 
     def set_native(self, native: bool | None) -> None:
         """Whether decode and verification passes may take the C small ops and the quantized
@@ -232,12 +246,12 @@ class Transformer(nn.Module):
         they run in C (``runs_native``), else the module. For what reads the head beside a pass
         (Medusa's and the early heads' vocabulary projections)."""
         self.plan()
-        return self._plan[4] if self._plan[3] and self._plan[4] is not None else self.lm_head
+        return self._plan.head if self._plan.native and self._plan.head is not None else self.lm_head
 
     def runs_native(self) -> bool:
         """Whether decode and verification passes take the C small ops (``models.native``)."""
         self.plan()
-        return self._plan[3]
+        return self._plan.native
 
     def _apply(self, fn, recurse=True):
         self._plan = None
@@ -288,8 +302,9 @@ class Transformer(nn.Module):
         ``rope``; mask [batch, 1, n, span] bool, or on torch's path already ``attention_bias``'s
         float form (built once a pass)."""
         plan = self.plan()[start:stop]
-        if self._plan[3]:  # in C (``runs_native``)
-            return native_layers(plan, x, cos, sin, mask, cache, slots)
+        if self._plan.native:  # in C (``runs_native``): in one call where every linear is a quantized one
+            table = None if self._plan.table is None else (self._plan.table, start)
+            return native_layers(plan, x, cos, sin, mask, cache, slots, table)
         mask = self.decode_mask(mask)  # the cached attention's form, once for every layer
         for kernels in plan:
             x = decode_layer(kernels, x, cos, sin, mask, cache, slots)
@@ -310,8 +325,8 @@ class Transformer(nn.Module):
         """h [..., hidden] -> (logits [..., vocab], final-normed hidden [..., hidden]): what a
         verification pass hands the acceptance step and the drafters."""
         hn = self.norm(h)
-        if not hn.requires_grad and self.runs_native() and self._plan[4] is not None:
-            return self._plan[4](hn), hn
+        if not hn.requires_grad and self.runs_native() and self._plan.head is not None:
+            return self._plan.head(hn), hn
         return linear(self.lm_head, hn, self.exact), hn
 
     def forward(

@@ -3,7 +3,8 @@
 A torch pass of SmolLM2 spends more time in ~45 small ops a layer (norms, RoPE, the KV writes,
 the attention, residual adds, SiLU) than in its linears: each op is a few microseconds of
 dispatch for little arithmetic. Here they are three calls a layer, between the linears (torch's
-kernels, or for quantized layers native_mm.c's).
+kernels, or for quantized layers native_mm.c's), or steps of one call a pass (native_layers.c):
+each splits its work over the threads of the OpenMP region it runs in (``omp for``).
 
 Every result for a token is computed by the same sequence of operations whatever the pass's
 shape (how many tokens, rows, visible keys), so an `ar` step and a verified tree agree bit for
@@ -19,9 +20,10 @@ or fp32 (dt = 0), computed in fp32, rounded to the model's dtype where torch's p
 #include "native.h"
 
 /* x [rows, dim] += delta [rows, dim] (rounded; skipped when delta is NULL), then
-   out [rows, dim] = w * rms_norm(x): normalized in fp32, rounded, then scaled and rounded. */
-void pd_add_norm(void* x, const void* delta, const void* w, void* out, int64_t rows, int64_t dim, float eps,
-                 int dt) {
+   out [rows, dim] = w * rms_norm(x): normalized in fp32, rounded, then scaled and rounded
+   (out NULL: the add alone). Rows split over the region's threads. */
+void pd_norm_rows(void* x, const void* delta, const void* w, void* out, int64_t rows, int64_t dim, float eps, int dt) {
+#pragma omp for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     int64_t o = r * dim;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* eight running sums, lane i takes elements i mod 8 */
@@ -40,8 +42,14 @@ void pd_add_norm(void* x, const void* delta, const void* w, void* out, int64_t r
   }
 }
 
+void pd_add_norm(void* x, const void* delta, const void* w, void* out, int64_t rows, int64_t dim, float eps,
+                 int dt) {
+  pd_norm_rows(x, delta, w, out, rows, dim, eps, dt); /* outside a region: one thread */
+}
+
 /* gu [rows, 2 * inter] (gate | up) -> out [rows, inter] = silu(gate) * up, each rounded. */
-void pd_silu_mul(const void* gu, void* out, int64_t rows, int64_t inter, int dt) {
+void pd_silu_rows(const void* gu, void* out, int64_t rows, int64_t inter, int dt) {
+#pragma omp for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < inter; ++i) {
       float g = ld(gu, r * 2 * inter + i, dt);
@@ -49,6 +57,8 @@ void pd_silu_mul(const void* gu, void* out, int64_t rows, int64_t inter, int dt)
       st(out, r * inter + i, s * ld(gu, r * 2 * inter + inter + i, dt), dt);
     }
 }
+
+void pd_silu_mul(const void* gu, void* out, int64_t rows, int64_t inter, int dt) { pd_silu_rows(gu, out, rows, inter, dt); }
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -230,91 +240,122 @@ PD_WV(pd_values_bf16, uint16_t, load8_bf16, ld_bf16)
 
 #define PD_CHUNK 4 /* tokens a unit of the attention takes: their rep queries a KV group score in one blocked call */
 
-/* One layer's attention for a pass of n tokens in each of b rows.
+/* RoPE, and the K/V writes, for a pass of n tokens in each of b rows (the tokens split over the
+   region's threads): qkv [b, n, (heads + 2 kvh) * hd], the tokens' projections; cos, sin
+   [b, n, hd]: RoPE tables, sin's first half negated (x * cos + roll(x, hd / 2) * sin). Keys go to
+   kc (row r at kc + r * k_row: [kvh, hd, max_len], transposed) and values to vc (row r at
+   vc + r * v_row: [kvh, max_len, hd]) at slot idx[r, i] [b, n]; the rotated queries to
+   q [b, n, heads, hd] fp32. */
+void pd_rope_rows(const void* qkv, const void* cos, const void* sin, void* kc, int64_t k_row, void* vc, int64_t v_row,
+                  const int64_t* idx, float* q, int64_t b, int64_t n, int64_t heads, int64_t kvh, int64_t hd,
+                  int64_t max_len, int dt) {
+  const int64_t width = (heads + 2 * kvh) * hd, half = hd / 2, es = dt ? 2 : 4;
+#pragma omp for schedule(static)
+  for (int64_t t = 0; t < b * n; ++t) {
+    const int64_t r = t / n, slot = idx[t];
+    char* kr = (char*)kc + r * k_row * es;
+    char* vr = (char*)vc + r * v_row * es;
+    for (int64_t h = 0; h < heads + kvh; ++h) {
+      int64_t base = t * width + h * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        float c = ld(cos, t * hd + d, dt), sn = ld(sin, t * hd + d, dt);
+        float x = ld(qkv, base + d, dt), y = ld(qkv, base + (d + half) % hd, dt);
+        float rot = rnd(rnd(x * c, dt) + rnd(y * sn, dt), dt);
+        if (h < heads)
+          q[(t * heads + h) * hd + d] = rot;
+        else
+          st(kr, ((h - heads) * hd + d) * max_len + slot, rot, dt);
+      }
+    }
+    for (int64_t g = 0; g < kvh; ++g)
+      for (int64_t d = 0; d < hd; ++d)
+        st(vr, (g * max_len + slot) * hd + d, ld(qkv, t * width + (heads + kvh + g) * hd + d, dt), dt);
+  }
+}
 
-   qkv [b, n, (heads + 2 kvh) * hd]: the tokens' projections; cos, sin [b, n, hd]: RoPE tables,
-   sin's first half negated (x * cos + roll(x, hd / 2) * sin). Keys go to kc (row r at
-   kc + r * k_row: [kvh, hd, max_len], transposed) and values to vc (row r at vc + r * v_row:
-   [kvh, max_len, hd]) at slot idx[r, i] [b, n]; then each query attends over the slots
-   [0, end) its mask row shows (mask [b, n, mask_span] bytes, NULL: all of them) -> out
-   [b, n, heads * hd]. The RoPE and the K/V writes run first, on one thread; then the (row, KV
-   group, PD_CHUNK tokens) units on ``threads`` OpenMP threads: a unit's result does not depend on which
-   thread, or which other units, there are. */
+/* What one thread's attention units need, for passes of n tokens a row over up to ``end`` slots:
+   a unit's queries, their scores, one head's weights and the visible slots' indices. */
+typedef struct {
+  float *qg, *s, *e;
+  int64_t* seen;
+} pd_scratch;
+
+void* pd_attend_scratch(int64_t n, int64_t heads, int64_t kvh, int64_t hd, int64_t end) {
+  const int64_t rep = heads / kvh, chunk = n < PD_CHUNK ? n : PD_CHUNK;
+  const int64_t floats = chunk * rep * hd + chunk * rep * end + end;
+  pd_scratch* sc = malloc(sizeof(pd_scratch) + sizeof(float) * (size_t)floats + sizeof(int64_t) * (size_t)end);
+  if (!sc) return NULL;
+  sc->seen = (int64_t*)(sc + 1);
+  sc->qg = (float*)(sc->seen + end);
+  sc->s = sc->qg + chunk * rep * hd;
+  sc->e = sc->s + chunk * rep * end;
+  return sc;
+}
+
+/* Each query attends over the slots [0, end) its mask row shows (mask [b, n, mask_span] bytes,
+   NULL: all of them) -> out [b, n, heads * hd]; q and the caches as ``pd_rope_rows`` left them.
+   The (row, KV group, PD_CHUNK tokens) units split over the region's threads (``scratch``: the
+   calling thread's ``pd_attend_scratch``): a unit's result does not depend on which thread, or
+   which other units, there are. */
+void pd_attend_units(const float* q, const void* kc, int64_t k_row, const void* vc, int64_t v_row,
+                     const uint8_t* mask, int64_t mask_span, void* out, int64_t b, int64_t n, int64_t heads, int64_t kvh,
+                     int64_t hd, int64_t max_len, int64_t end, int dt, void* scratch) {
+  const int64_t rep = heads / kvh, es = dt ? 2 : 4;
+  const float scale = 1.0f / sqrtf((float)hd);
+  const int64_t chunks = (n + PD_CHUNK - 1) / PD_CHUNK, units = b * kvh * chunks;
+  pd_scratch* sc = scratch;
+  float *qg = sc->qg, *s = sc->s, *e = sc->e;
+  int64_t* seen = sc->seen;
+  float acc[512];
+#pragma omp for schedule(static)
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t r = u / (kvh * chunks), g = (u / chunks) % kvh, i0 = (u % chunks) * PD_CHUNK;
+    const int64_t i1 = i0 + PD_CHUNK < n ? i0 + PD_CHUNK : n;
+    const char* kg = (const char*)kc + r * k_row * es + g * hd * max_len * es; /* [hd, max_len] */
+    const char* vg = (const char*)vc + r * v_row * es + g * max_len * hd * es; /* [max_len, hd] */
+    for (int64_t i = i0; i < i1; ++i) /* the group's queries, row (i, h) at ((i - i0) * rep + h) * hd */
+      memcpy(qg + (i - i0) * rep * hd, q + ((r * n + i) * heads + g * rep) * hd, sizeof(float) * (size_t)(rep * hd));
+    if (dt)
+      pd_scores_bf16(qg, (i1 - i0) * rep, (const uint16_t*)kg, max_len, hd, end, s);
+    else
+      pd_scores_f32(qg, (i1 - i0) * rep, (const float*)kg, max_len, hd, end, s);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = r * n + i;
+      const uint8_t* m = mask ? mask + t * mask_span : NULL;
+      int64_t count = 0;
+      for (int64_t j = 0; j < end; ++j)
+        if (!m || (j < mask_span && m[j])) seen[count++] = j;
+      for (int64_t h = 0; h < rep; ++h) {
+        const float* sh = s + ((i - i0) * rep + h) * end;
+        float top = -INFINITY;
+        for (int64_t c = 0; c < count; ++c) {
+          e[c] = sh[seen[c]] * scale;
+          top = e[c] > top ? e[c] : top;
+        }
+        float total = pd_softmax_weights(e, count, top);
+        if (dt)
+          pd_values_bf16(e, seen, count, (const uint16_t*)vg, hd, acc);
+        else
+          pd_values_f32(e, seen, count, (const float*)vg, hd, acc);
+        int64_t o = t * heads * hd + (g * rep + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) st(out, o + d, acc[d] / total, dt);
+      }
+    }
+  }
+}
+
+/* One layer's attention for a pass of n tokens in each of b rows: ``pd_rope_rows`` then
+   ``pd_attend_units``, on ``threads`` OpenMP threads. */
 void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int64_t k_row, void* vc, int64_t v_row,
                const int64_t* idx, const uint8_t* mask, int64_t mask_span, void* out, int64_t b, int64_t n,
                int64_t heads, int64_t kvh, int64_t hd, int64_t max_len, int64_t end, int dt, int threads) {
-  const int64_t width = (heads + 2 * kvh) * hd, half = hd / 2, rep = heads / kvh, es = dt ? 2 : 4;
-  const float scale = 1.0f / sqrtf((float)hd);
   float* q = malloc(sizeof(float) * (size_t)(b * n * heads * hd)); /* the rotated queries [b, n, heads, hd] */
-  for (int64_t r = 0; r < b; ++r) {
-    char* kr = (char*)kc + r * k_row * es;
-    char* vr = (char*)vc + r * v_row * es;
-    for (int64_t i = 0; i < n; ++i) { /* RoPE; write K/V; keep the queries */
-      int64_t t = (r * n + i), slot = idx[t];
-      for (int64_t h = 0; h < heads + kvh; ++h) {
-        int64_t base = t * width + h * hd;
-        for (int64_t d = 0; d < hd; ++d) {
-          float c = ld(cos, t * hd + d, dt), sn = ld(sin, t * hd + d, dt);
-          float x = ld(qkv, base + d, dt), y = ld(qkv, base + (d + half) % hd, dt);
-          float rot = rnd(rnd(x * c, dt) + rnd(y * sn, dt), dt);
-          if (h < heads)
-            q[(t * heads + h) * hd + d] = rot;
-          else
-            st(kr, ((h - heads) * hd + d) * max_len + slot, rot, dt);
-        }
-      }
-      for (int64_t g = 0; g < kvh; ++g)
-        for (int64_t d = 0; d < hd; ++d)
-          st(vr, (g * max_len + slot) * hd + d, ld(qkv, t * width + (heads + kvh + g) * hd + d, dt), dt);
-    }
-  }
-  const int64_t chunks = (n + PD_CHUNK - 1) / PD_CHUNK, units = b * kvh * chunks;
 #pragma omp parallel num_threads(threads)
   {
-    float* qg = malloc(sizeof(float) * (size_t)(PD_CHUNK * rep * hd)); /* one unit's queries */
-    float* s = malloc(sizeof(float) * (size_t)(PD_CHUNK * rep * end)); /* and their scores */
-    float* e = malloc(sizeof(float) * (size_t)end); /* one head's visible scores, then weights */
-    int64_t* seen = malloc(sizeof(int64_t) * (size_t)end);
-    float acc[512];
-#pragma omp for schedule(static)
-    for (int64_t u = 0; u < units; ++u) {
-      const int64_t r = u / (kvh * chunks), g = (u / chunks) % kvh, i0 = (u % chunks) * PD_CHUNK;
-      const int64_t i1 = i0 + PD_CHUNK < n ? i0 + PD_CHUNK : n;
-      const char* kg = (char*)kc + r * k_row * es + g * hd * max_len * es; /* [hd, max_len] */
-      const char* vg = (char*)vc + r * v_row * es + g * max_len * hd * es; /* [max_len, hd] */
-      for (int64_t i = i0; i < i1; ++i) /* the group's queries, row (i, h) at ((i - i0) * rep + h) * hd */
-        memcpy(qg + (i - i0) * rep * hd, q + ((r * n + i) * heads + g * rep) * hd, sizeof(float) * (size_t)(rep * hd));
-      if (dt)
-        pd_scores_bf16(qg, (i1 - i0) * rep, (const uint16_t*)kg, max_len, hd, end, s);
-      else
-        pd_scores_f32(qg, (i1 - i0) * rep, (const float*)kg, max_len, hd, end, s);
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = r * n + i;
-        const uint8_t* m = mask ? mask + t * mask_span : NULL;
-        int64_t count = 0;
-        for (int64_t j = 0; j < end; ++j)
-          if (!m || (j < mask_span && m[j])) seen[count++] = j;
-        for (int64_t h = 0; h < rep; ++h) {
-          const float* sh = s + ((i - i0) * rep + h) * end;
-          float top = -INFINITY;
-          for (int64_t c = 0; c < count; ++c) {
-            e[c] = sh[seen[c]] * scale;
-            top = e[c] > top ? e[c] : top;
-          }
-          float total = pd_softmax_weights(e, count, top);
-          if (dt)
-            pd_values_bf16(e, seen, count, (const uint16_t*)vg, hd, acc);
-          else
-            pd_values_f32(e, seen, count, (const float*)vg, hd, acc);
-          int64_t o = t * heads * hd + (g * rep + h) * hd;
-          for (int64_t d = 0; d < hd; ++d) st(out, o + d, acc[d] / total, dt);
-        }
-      }
-    }
-    free(qg);
-    free(s);
-    free(e);
-    free(seen);
+    pd_rope_rows(qkv, cos, sin, kc, k_row, vc, v_row, idx, q, b, n, heads, kvh, hd, max_len, dt);
+    void* scratch = pd_attend_scratch(n, heads, kvh, hd, end);
+    pd_attend_units(q, kc, k_row, vc, v_row, mask, mask_span, out, b, n, heads, kvh, hd, max_len, end, dt, scratch);
+    free(scratch);
   }
   free(q);
 }

@@ -9,7 +9,9 @@ which decodes every 4-bit weight to a float for each row: int4 and int8 layers (
 take C kernels too (``q4_kernel``, ``q8_kernel``), which quantize each row of activations to int8
 in blocks of 32 and take exact integer dot products a block, as llama.cpp's Q4_1 x Q8_1 and Q8_0 x
 Q8_0 do: 2.5x torch's kernel at one row, 1.3-1.8x at 8-16 (2 cores, AVX2). bf16 and fp32 linears
-stay torch's.
+stay torch's. Where every linear of the layers is such a kernel, a pass runs all its layers in one
+C call (``native_layers.c``, one OpenMP region, ``LayerTable``): ~240 calls a pass, each with
+Python, ctypes and an OpenMP fork around it, had cost 2.3 ms of a 9.1 ms int4 `ar` pass.
 
 The C code is compiled on first use with the system's C compiler (``cc``, or ``$CC``) into
 ``$PARADEC_HOME/native`` (one library per source, compiler and CPU), ~2 s, with OpenMP where the
@@ -46,7 +48,7 @@ import torch
 from paradec.kv import KVCache
 from paradec.models.decode import LayerKernels
 
-SOURCES = (Path(__file__).with_name("native.c"), Path(__file__).with_name("native_mm.c"))
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("native.c", "native_mm.c", "native_layers.c"))
 HEADER = Path(__file__).with_name("native.h")  # what both share (part of the build's key)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
 OPENMP = "-fopenmp"  # the quantized linears' threads (the process's OpenMP runtime: torch's); dropped if absent
@@ -105,6 +107,10 @@ def library() -> ctypes.CDLL | None:
     lib.pd_attend.argtypes = tensors + [_i64] * 7 + [_int, _int]  # ..., shape, dtype, threads
     lib.pd_q4_linear.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _int, _int]
     lib.pd_q8_linear.argtypes = [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _int, _int]
+    # layers, count, x, cos, sin, kc, k_layer, k_row, vc, v_layer, v_row, idx, mask, span, then the shape, dt, threads
+    lib.pd_layers.argtypes = (
+        [_ptr, _i64, _ptr, _ptr, _ptr, *[_ptr, _i64, _i64] * 2, _ptr, _ptr] + [_i64] * 10 + [_int] * 2
+    )
     for fn in (lib.pd_add_norm, lib.pd_silu_mul, lib.pd_attend):
         fn.restype = None
     return lib
@@ -136,6 +142,7 @@ def _quantized_kernel(
             raise MemoryError(f"{name}: no memory for the activations' int8 form")
         return y if bias is None else y + bias
 
+    mm.parts = (4 if name == "pd_q4_linear" else 8, weights, n_in, n_out, bias)  # what ``LayerTable`` reads
     return mm
 
 
@@ -171,6 +178,54 @@ def _checked(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.contiguous()
 
 
+class PdLinear(ctypes.Structure):
+    _fields_ = [(f, _i64) for f in ("kind", "n_in", "n_out")] + [(f, _ptr) for f in ("q", "d", "m", "bias")]
+
+
+class PdLayer(ctypes.Structure):
+    _fields_ = [("layer", _i64), ("attn_norm", _ptr), ("mlp_norm", _ptr), ("eps", ctypes.c_double)] + [
+        (f, PdLinear) for f in ("qkv", "wo", "gate_up", "down")
+    ]
+
+
+ONE_CALL = True  # whole passes in one C call where every linear is a quantized one in C (False: a call a step)
+
+
+class LayerTable:
+    """A plan's layers as ``pd_layers`` (``native_layers.c``) reads them: every pointer of every
+    layer, built once per plan; it holds the tensors it points to."""
+
+    def __init__(self, layers: ctypes.Array, tensors: list[torch.Tensor]) -> None:
+        self.layers, self.tensors = layers, tensors
+
+    @classmethod
+    def of(cls, plan: list[LayerKernels], dtype: torch.dtype) -> LayerTable | None:
+        """None unless every linear of ``plan`` is a quantized kernel in C (``q4_kernel``,
+        ``q8_kernel``) whose bias, like the norms, is in the activations' ``dtype``."""
+        if not ONE_CALL or not plan or library() is None:
+            return None
+        tensors, rows = [], []
+        for k in plan:
+            linears = []
+            for mm in (k.qkv, k.wo, k.gate_up, k.down):
+                parts = getattr(mm, "parts", None)
+                if parts is None or (parts[4] is not None and parts[4].dtype != dtype):
+                    return None
+                kind, weights, n_in, n_out, bias = parts
+                ptrs = [t.data_ptr() for t in weights] + [None] * (3 - len(weights))
+                tensors += [*weights, *([] if bias is None else [bias])]
+                linears.append(PdLinear(kind, n_in, n_out, *ptrs, None if bias is None else bias.data_ptr()))
+            if k.attn_norm.dtype != dtype or k.mlp_norm.dtype != dtype:
+                return None
+            tensors += [k.attn_norm, k.mlp_norm]
+            rows.append(PdLayer(k.layer, k.attn_norm.data_ptr(), k.mlp_norm.data_ptr(), k.eps, *linears))
+        return cls((PdLayer * len(rows))(*rows), tensors)
+
+    def at(self, start: int) -> ctypes.c_void_p:
+        """The table from layer ``start`` of its plan on."""
+        return ctypes.c_void_p(ctypes.addressof(self.layers) + start * ctypes.sizeof(PdLayer))
+
+
 def native_layers(
     plan: list[LayerKernels],
     x: torch.Tensor,
@@ -179,11 +234,14 @@ def native_layers(
     mask: torch.Tensor | None,
     cache: KVCache,
     slots: torch.Tensor | None,
+    table: tuple[LayerTable, int] | None = None,
 ) -> torch.Tensor:
     """``decode_layer`` over the layers of ``plan`` in C: x [batch, n, hidden] -> [batch, n, hidden].
 
     cos/sin [batch, n, 1, head_dim] in x's dtype; mask [batch, 1, n, span] bool (None: every
-    slot visible); slots [batch, n] (None: the next n). Writes the tokens' K/V."""
+    slot visible); slots [batch, n] (None: the next n). Writes the tokens' K/V. ``table``: the
+    plan's ``LayerTable`` and where ``plan`` starts in it, for the pass in one C call (None: a
+    call a step, the linears' kernels called from here)."""
     lib, dt, threads = library(), DTYPES[x.dtype], torch.get_num_threads()
     b, n, hidden = x.shape
     x = x.clone(memory_format=torch.contiguous_format)  # the residual stream, updated in place
@@ -194,6 +252,16 @@ def native_layers(
     m = None if mask is None else mask.expand(b, 1, n, mask.shape[-1]).reshape(b, n, -1).contiguous()
     m_ptr, m_span = (None, 0) if m is None else (m.data_ptr(), m.shape[-1])
     keys, values = cache.keys, cache.values  # [layers, capacity, kv, hd, max_len], [layers, capacity, kv, max_len, hd]
+    if table is not None and plan:
+        k = plan[0]
+        shape = (b, n, hidden, k.heads, k.kv_heads, k.head_dim, k.inter, cache.max_len, end)
+        if not lib.pd_layers(
+            table[0].at(table[1]), len(plan), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            keys.data_ptr(), keys.stride(0), keys.stride(1), values.data_ptr(), values.stride(0), values.stride(1),
+            idx.data_ptr(), m_ptr, m_span, *shape, dt, threads,
+        ):  # fmt: skip
+            raise MemoryError("pd_layers: no memory for a pass's activations")
+        return x
     h = torch.empty_like(x)
     delta = None
     for k in plan:

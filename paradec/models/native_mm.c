@@ -169,10 +169,10 @@ static inline __attribute__((always_inline)) void q8_tile(const int8_t* qx, cons
     }                                                                                       \
   }
 
-/* y's columns in chunks of NCHUNK over the threads, each chunk OVER_ROWS. */
+/* y's columns in chunks of NCHUNK over the region's threads, each chunk OVER_ROWS. */
 #define OVER_COLUMNS(TILE)                                                      \
   const int64_t es = dt ? 2 : 4, chunks = (cols + NCHUNK - 1) / NCHUNK;         \
-  _Pragma("omp parallel for num_threads(threads) schedule(static)")             \
+  _Pragma("omp for schedule(static)")                                           \
   for (int64_t ch = 0; ch < chunks; ++ch) {                                     \
     int64_t n0 = ch * NCHUNK, n1 = n0 + NCHUNK < cols ? n0 + NCHUNK : cols;     \
     OVER_ROWS(TILE)                                                             \
@@ -183,21 +183,42 @@ static inline __attribute__((always_inline)) void q8_tile(const int8_t* qx, cons
 #define Q8(r, n, MB, NB, ...) \
   q8_tile(qx + (r) * k, dx + (r) * (k / QB), k, q, scale, n, (char*)y + (r) * cols * es, cols, dt, MB, NB)
 
-/* The activations' int8 form, per calling thread, grown as needed (ctypes calls run without the GIL). */
-static __thread int8_t* scratch = NULL;
-static __thread int64_t scratch_bytes = 0;
+/* y [rows, cols] = the int8 rows qx (scales dx, sums sx) @ w.T for int4 w = d q + m. */
+static void q4_columns(const int8_t* qx, const float* dx, const float* sx, int64_t rows, int64_t k, const uint8_t* q,
+                       const float* d, const float* m, void* y, int64_t cols, int dt) {
+  OVER_COLUMNS(Q4)
+}
 
-static int quantized_input(const void* x, int64_t rows, int64_t k, int dt, int8_t** qx, float** dx, float** sx) {
-  int64_t blocks = rows * (k / QB), need = rows * k + 2 * blocks * (int64_t)sizeof(float) + 64;
-  if (need > scratch_bytes) {
-    free(scratch);
-    scratch = (int8_t*)malloc((size_t)need);
-    scratch_bytes = scratch ? need : 0;
-    if (!scratch) return 0;
-  }
+/* y [rows, cols] = the int8 rows qx (scales dx) @ w.T for int8 w = scale q. */
+static void q8_columns(const int8_t* qx, const float* dx, int64_t rows, int64_t k, const int8_t* q, const float* scale,
+                       void* y, int64_t cols, int dt) {
+  OVER_COLUMNS(Q8)
+}
+
+/* The int8 form of rows x k activations in ``scratch``: qx [rows, k], then dx and sx [rows, k / 32]
+   64-byte aligned. */
+int64_t pd_linear_scratch(int64_t rows, int64_t k) { return rows * k + 2 * rows * (k / QB) * (int64_t)sizeof(float) + 64; }
+
+static void split_scratch(void* scratch, int64_t rows, int64_t k, int8_t** qx, float** dx, float** sx) {
+  int64_t blocks = rows * (k / QB);
   *dx = (float*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   *sx = *dx + blocks;
   *qx = (int8_t*)(*sx + blocks);
+}
+
+/* The activations' int8 form, per calling thread, grown as needed (ctypes calls run without the GIL). */
+static __thread void* own_scratch = NULL;
+static __thread int64_t own_bytes = 0;
+
+static int quantized_input(const void* x, int64_t rows, int64_t k, int dt, int8_t** qx, float** dx, float** sx) {
+  int64_t need = pd_linear_scratch(rows, k);
+  if (need > own_bytes) {
+    free(own_scratch);
+    own_scratch = malloc((size_t)need);
+    own_bytes = own_scratch ? need : 0;
+    if (!own_scratch) return 0;
+  }
+  split_scratch(own_scratch, rows, k, qx, dx, sx);
   quantize_rows(x, rows, k, dt, *qx, *dx, *sx);
   return 1;
 }
@@ -209,7 +230,8 @@ int pd_q4_linear(const void* x, int64_t rows, int64_t k, const uint8_t* q, const
   int8_t* qx;
   float *dx, *sx;
   if (!quantized_input(x, rows, k, dt, &qx, &dx, &sx)) return 0;
-  OVER_COLUMNS(Q4)
+#pragma omp parallel num_threads(threads)
+  q4_columns(qx, dx, sx, rows, k, q, d, m, y, cols, dt);
   return 1;
 }
 
@@ -219,8 +241,31 @@ int pd_q8_linear(const void* x, int64_t rows, int64_t k, const int8_t* q, const 
   int8_t* qx;
   float *dx, *sx;
   if (!quantized_input(x, rows, k, dt, &qx, &dx, &sx)) return 0;
-  OVER_COLUMNS(Q8)
+#pragma omp parallel num_threads(threads)
+  q8_columns(qx, dx, rows, k, q, scale, y, cols, dt);
   return 1;
+}
+
+/* y [rows, n_out] = x [rows, n_in] @ w.T (+ bias, rounded as torch's add), the rows quantized
+   into ``scratch`` (``pd_linear_scratch``), every step split over the region's threads: the
+   same bits as ``pd_q4_linear`` / ``pd_q8_linear`` and torch's ``y + bias``. */
+void pd_linear_rows(const pd_linear* w, const void* x, int64_t rows, void* y, int dt, void* scratch) {
+  const int64_t k = w->n_in, cols = w->n_out, es = dt ? 2 : 4;
+  int8_t* qx;
+  float *dx, *sx;
+  split_scratch(scratch, rows, k, &qx, &dx, &sx);
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_rows((const char*)x + r * k * es, 1, k, dt, qx + r * k, dx + r * (k / QB), sx + r * (k / QB));
+  if (w->kind == 4)
+    q4_columns(qx, dx, sx, rows, k, (const uint8_t*)w->q, w->d, w->m, y, cols, dt);
+  else
+    q8_columns(qx, dx, rows, k, (const int8_t*)w->q, w->d, y, cols, dt);
+  if (w->bias) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) st(y, r * cols + c, ld(y, r * cols + c, dt) + ld(w->bias, c, dt), dt);
+  }
 }
 
 int pd_quantized(void) { return 1; }
