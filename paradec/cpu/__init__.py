@@ -114,9 +114,9 @@ def shape_of(cfg: ModelConfig) -> str:
 
 
 def profile_path(home: Path, cpu: CpuInfo, cfg: ModelConfig, exact: bool) -> Path:
-    from paradec.models.native import available  # the decode path in C, or torch's: other curves
+    from paradec.models.native import signature  # the decode path in C (which build), or torch's: other curves
 
-    key = f"{shape_of(cfg)} exact={exact} native={exact and available()} v{PROFILE_VERSION}"
+    key = f"{shape_of(cfg)} exact={exact} native={signature() if exact else False} v{PROFILE_VERSION}"
     return home / "profiles" / f"{cpu.key()}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
 

@@ -35,7 +35,7 @@ from torch import nn
 
 from paradec.cpu import BUSY_CORES, OthersWatch, _write_json
 from paradec.errors import ParadecError
-from paradec.models.native import available as native_available
+from paradec.models.native import signature as native_signature
 
 ROWS = 128  # prompt rows a candidate is timed at
 MARGIN = 1.5  # a dense path is taken only this many times faster than the quantized kernel
@@ -61,7 +61,7 @@ def prefill_path(model: nn.Module, quant: str, profile_path: Path | None, asked:
     shapes = sorted({(m.in_features, m.out_features, m.bias is not None) for m in decoder})
     params = sum(m.weight.numel() for m in decoder)
     dtype = model.embed.weight.dtype  # of the activations: an fp32 model's prompts stay in fp32
-    key = f"{quant} {dtype} {shapes} native={native_available()} v{PREFILL_VERSION}"
+    key = f"{quant} {dtype} {shapes} native={native_signature()} v{PREFILL_VERSION}"
     path = None if profile_path is None else _cache_path(key, profile_path)
     verdict = _read(path)
     if verdict is None:
@@ -130,7 +130,7 @@ def describe(quant: str, profile_path: Path | None) -> str | None:
     found = [] if profile_path is None else sorted(profile_path.parent.glob(f"{profile_path.stem}-prefill-*.json"))
     for path in found:
         verdict, key = _read(path), json.loads(path.read_text()).get("key", "")
-        current = key.endswith(f" native={native_available()} v{PREFILL_VERSION}")  # not a stale verdict
+        current = key.endswith(f" native={native_signature()} v{PREFILL_VERSION}")  # not a stale verdict
         if verdict is None or not key.startswith(f"{quant} ") or not current:
             continue
         ms = {k: f"{v * 1e3:.2f} ms" for k, v in verdict["seconds"].items()}

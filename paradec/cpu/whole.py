@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from paradec.cpu import BUSY_CORES, WIDTHS, OthersWatch, PassCost, _curve, _write_json, chain_inputs
-from paradec.models.native import available
+from paradec.models.native import signature
 
 WHOLE_VERSION = 3  # part of the cache key: bump when what is measured changes (2: the decode plan; 3: C linears)
 
@@ -49,8 +49,8 @@ def whole_curve(model, key: str, profile_path: Path | None, reps: int = 3) -> Pa
 
 def whole_key(fmt: str, quant_head: str | None, pack: bool, exact: bool) -> str:
     """What decides a loaded model's pass cost besides the CPU and the shape (the profile's key):
-    the format, the head's, packing, the exact numerics and whether C runs the small ops."""
-    native = exact and available()
+    the format, the head's, packing, the exact numerics and which C path runs the pass."""
+    native = signature() if exact else False
     return f"{fmt} head={quant_head} pack={pack} exact={exact} native={native} v{WHOLE_VERSION}"
 
 

@@ -72,17 +72,31 @@ def _cpu_signature() -> str:
     return platform.machine() + flags
 
 
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled ``native.c``, built once per source, compiler and CPU; None where it cannot be
-    (no compiler, a build error, ``PARADEC_NATIVE=0``): the torch path runs instead."""
+def _compiler() -> str | None:
     if os.environ.get("PARADEC_NATIVE", "1") == "0":
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+@functools.cache
+def build_key() -> str | None:
+    """What the library is built from (sources, compiler, flags, CPU), hashed: part of the key of
+    every cached measurement of the decode path, so a changed C path is measured again. None
+    where no library would be built."""
+    cc = _compiler()
     if cc is None:
         return None
     source = b"".join(src.read_bytes() for src in (*SOURCES, HEADER))
-    key = hashlib.sha256(source + " ".join((cc, *FLAGS, OPENMP, _cpu_signature())).encode()).hexdigest()[:16]
+    return hashlib.sha256(source + " ".join((cc, *FLAGS, OPENMP, _cpu_signature())).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled C path (``SOURCES``), built once per ``build_key``; None where it cannot be
+    (no compiler, a build error, ``PARADEC_NATIVE=0``): the torch path runs instead."""
+    cc, key = _compiler(), build_key()
+    if cc is None or key is None:
+        return None
     path = _home() / f"decode-{key}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +133,12 @@ def library() -> ctypes.CDLL | None:
 def available() -> bool:
     """Whether this machine runs the C small ops (a model still needs ``supports``)."""
     return library() is not None
+
+
+def signature() -> str:
+    """The C path a measurement of the decode path was taken with, for its cache key: the
+    library's ``build_key``, or "torch" where it does not run."""
+    return build_key() if available() else "torch"
 
 
 def supports(dtype: torch.dtype, device: torch.device | str, head_dim: int) -> bool:
