@@ -9,7 +9,7 @@ import pytest
 import paradec
 from paradec.cpu import PassCost
 from paradec.draft.eagle import EagleCostModel
-from paradec.policy.budget import EXPLORE_EVERY, HURDLE, BatchBudget
+from paradec.policy.budget import EXPLORE_EVERY, HURDLE, MAX_BACKOFF, BatchBudget
 from paradec.policy.dynamic import CurveLatency, TreePolicy
 
 # repetitive prompts: prompt lookup finds long matches, so chains are long and differ by row
@@ -216,6 +216,30 @@ def test_a_budget_that_drafts_takes_a_plain_pass_to_time_what_drafting_is_weighe
     assert widths[:-1] == [5] * (2 * EXPLORE_EVERY - 1) and widths[-1] == 0
     budget.observe_pass(1, 0.010)  # that plain pass, timed
     assert 0 not in [budget.next_width([("pld", 4)], 5) for _ in range(2 * EXPLORE_EVERY)]
+
+
+def test_skipped_drafting_looks_again_less_often_while_looks_do_not_pay():
+    """A drafter whose chains are never accepted and whose drafting costs a pass: skipped, with
+    a look (3 nodes) after 16, 32, 64, 128, 128 ... skipped steps; once a look finds chains
+    accepted again, drafting resumes and the next streak starts at 16 again."""
+    budget = BatchBudget(PassCost("m", (1, 8), (0.010, 0.010), measured=True))
+    budget.observe_draft("ssm", 0.010)
+    for _ in range(20):
+        budget.observe("ssm", 4, 4, [])
+    looks, step = [], 0
+    while len(looks) < MAX_BACKOFF + 3:
+        step += 1
+        if budget.next_width([("ssm", 4)], 5) == 3:
+            looks.append(step)
+            budget.observe("ssm", 4, 2, [])  # what the look verified: nothing accepted
+    gaps = [b - a for a, b in zip([0, *looks], looks)]
+    assert gaps == [EXPLORE_EVERY << min(i, MAX_BACKOFF) for i in range(len(gaps))]
+    for _ in range(40):
+        budget.observe("ssm", 4, 4, [1, 2, 3, 4])  # the text changed: chains accepted whole
+    assert budget.next_width([("ssm", 4)], 5) == 5
+    budget.observe_draft("ssm", 1.0)  # drafting got slow: skipped again, the first look after 16
+    widths = [budget.next_width([("ssm", 4)], 5) for _ in range(EXPLORE_EVERY)]
+    assert widths == [0] * (EXPLORE_EVERY - 1) + [3]
 
 
 def _budget(base_s: float, per_position_s: float) -> BatchBudget:

@@ -25,8 +25,9 @@ second than a plain step, the part of the model's estimate that its unmodeled co
 AVX2 cores a llama.cpp pass of 2 tokens costs 1.7 `ar` steps, and chains accepted 70-75 % of
 the time were verified at a loss); and where even the best W does not pay for
 the drafting's own measured time (an SSM's or a head's passes), ``next_width`` tells the drafters to
-skip drafting (width 0): the method then runs as `ar` does, looking again every ``EXPLORE_EVERY``
-steps.
+skip drafting (width 0): the method then runs as `ar` does, looking again after ``EXPLORE_EVERY``
+skipped steps, then after twice as many each time a look finds drafting still does not pay (up
+to ``EXPLORE_EVERY << MAX_BACKOFF``; how often it looks depends on no timing).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ PRIOR_ACCEPT = 0.6  # the prior chance of a chain's node d is PRIOR_ACCEPT x nod
 PRIOR_WEIGHT = 2.0  # ... worth this many observations
 EXPLORE_EVERY = 16  # a budget that verifies nothing past the root looks at 2 more nodes every this many choices ...
 LOOK_SHARE = 0.01  # ... or less often, so that its looks cost at most this share of the time (a look pads every row)
+MAX_BACKOFF = 3  # skipped drafting: looks after EXPLORE_EVERY << misses steps, misses up to this
 
 
 def size_class(proposed: int) -> int:
@@ -105,6 +107,7 @@ class BatchBudget:
         self.draft_s: dict[str, float] = {}  # method -> seconds its drafters take a step (recent average)
         self.last_trees: list[tuple[str, int]] = []  # the last step's drafted rows (method, proposed nodes)
         self.skipped = 0  # steps in a row whose drafting was skipped because it did not pay
+        self.misses = 0  # looks in a row (while skipping) after which drafting still did not pay
         self.drafted = 0  # steps in a row that drafted (a measured curve: a plain step is taken to time one)
         self.hurdle = HURDLE  # how much more per second drafting must be expected to commit than a plain step
 
@@ -165,7 +168,7 @@ class BatchBudget:
     def next_width(self, trees: list[tuple[str, int]], width: int) -> int:
         """How far the drafters should draft next step (``Drafter.set_width``): this step's ``width``
         while drafting pays for its own time too, else 0 (no drafting: the step is an `ar` step),
-        with a look again every ``EXPLORE_EVERY`` steps. ``trees``: this step's rows, as ``choose``'s
+        with a look again after ``EXPLORE_EVERY`` steps, backing off (``MAX_BACKOFF``). ``trees``: this step's rows, as ``choose``'s
         (when none of them drafted, as beside auto's priced rows, the last drafted ones stand in)."""
         if any(p for _, p in trees):
             self.last_trees = trees
@@ -180,7 +183,7 @@ class BatchBudget:
             for w in range(2, 2 + max(p for _, p in trees))
         )
         if drafting >= plain * (1 + self.hurdle):
-            self.skipped = 0
+            self.skipped = self.misses = 0
             self.drafted += 1
             if self.drafted >= 2 * EXPLORE_EVERY and self.latency.seen(batch) < 0.5:
                 self.drafted = 0  # a plain pass of this batch, to measure what drafting is weighed against
@@ -188,8 +191,12 @@ class BatchBudget:
             return max(width, 1)
         self.drafted = 0
         self.skipped += 1
-        if self.skipped >= EXPLORE_EVERY:  # the acceptance may have changed with the text: look again
+        # the acceptance may have changed with the text: look again, less often after each look
+        # that did not pay (on the demo's 64-token answers, with `ar` at 7-9 ms on 2 AVX2 cores,
+        # looks every 16 steps cost the drafters that never paid ~3-5 %)
+        if self.skipped >= EXPLORE_EVERY << min(self.misses, MAX_BACKOFF):
             self.skipped = 0
+            self.misses += 1
             return 3
         return 0
 
