@@ -168,8 +168,9 @@ class BatchBudget:
     def next_width(self, trees: list[tuple[str, int]], width: int) -> int:
         """How far the drafters should draft next step (``Drafter.set_width``): this step's ``width``
         while drafting pays for its own time too, else 0 (no drafting: the step is an `ar` step),
-        with a look again after ``EXPLORE_EVERY`` steps, backing off (``MAX_BACKOFF``). ``trees``: this step's rows, as ``choose``'s
-        (when none of them drafted, as beside auto's priced rows, the last drafted ones stand in)."""
+        with a look again after ``EXPLORE_EVERY`` steps, backing off (``MAX_BACKOFF``). ``trees``:
+        this step's rows, as ``choose``'s (when none of them drafted, as beside auto's priced rows,
+        the last drafted ones stand in)."""
         if any(p for _, p in trees):
             self.last_trees = trees
         trees = self.last_trees
