@@ -34,6 +34,9 @@ def engine(llama_dir, drafters, tmp_path_factory):
 
     draft, heads = drafters
     engine = paradec.load(llama_dir, dtype="fp32", drafts=[draft], heads=heads, cost=PassCost.flat())  # drafts pay
+    # every tree verified whole: with the batch budget, whether a method drafts at all would
+    # depend on its drafting's measured time against the tiny model's pass (``policy.budget``)
+    engine.budget = None
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("eagle") / "head"
     EagleHead(engine.model.config).save(path, {})

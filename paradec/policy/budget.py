@@ -106,8 +106,10 @@ class BatchBudget:
         self.quiet = 0  # choices in a row that verified the root alone
         self.draft_s: dict[str, float] = {}  # method -> seconds its drafters take a step (recent average)
         self.last_trees: list[tuple[str, int]] = []  # the last step's drafted rows (method, proposed nodes)
-        self.skipped = 0  # steps in a row whose drafting was skipped because it did not pay
-        self.misses = 0  # looks in a row (while skipping) after which drafting still did not pay
+        # by the methods that draft (an engine serves several): steps in a row whose drafting was
+        # skipped because it did not pay, and looks in a row after which it still did not
+        self.skipped: dict[tuple[str, ...], int] = defaultdict(int)
+        self.misses: dict[tuple[str, ...], int] = defaultdict(int)
         self.drafted = 0  # steps in a row that drafted (a measured curve: a plain step is taken to time one)
         self.hurdle = HURDLE  # how much more per second drafting must be expected to commit than a plain step
 
@@ -177,27 +179,28 @@ class BatchBudget:
         if not trees or not isinstance(self.latency, CurveLatency):
             return width
         batch = len(trees)
-        draft = sum(self.draft_s.get(m, 0.0) for m in dict.fromkeys(m for m, _ in trees))
+        methods = tuple(sorted({m for m, _ in trees}))
+        draft = sum(self.draft_s.get(m, 0.0) for m in methods)
         plain = batch / self.latency.predict(batch)
         drafting = max(
             sum(self.expected(m, p, w) for m, p in trees) / (self.latency.predict(batch * w) + draft)
             for w in range(2, 2 + max(p for _, p in trees))
         )
         if drafting >= plain * (1 + self.hurdle):
-            self.skipped = self.misses = 0
+            self.skipped[methods] = self.misses[methods] = 0
             self.drafted += 1
             if self.drafted >= 2 * EXPLORE_EVERY and self.latency.seen(batch) < 0.5:
                 self.drafted = 0  # a plain pass of this batch, to measure what drafting is weighed against
                 return 0
             return max(width, 1)
         self.drafted = 0
-        self.skipped += 1
+        self.skipped[methods] += 1
         # the acceptance may have changed with the text: look again, less often after each look
         # that did not pay (on the demo's 64-token answers, with `ar` at 7-9 ms on 2 AVX2 cores,
         # looks every 16 steps cost the drafters that never paid ~3-5 %)
-        if self.skipped >= EXPLORE_EVERY << min(self.misses, MAX_BACKOFF):
-            self.skipped = 0
-            self.misses += 1
+        if self.skipped[methods] >= EXPLORE_EVERY << min(self.misses[methods], MAX_BACKOFF):
+            self.skipped[methods] = 0
+            self.misses[methods] += 1
             return 3
         return 0
 
