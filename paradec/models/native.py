@@ -49,7 +49,7 @@ from paradec.kv import KVCache
 from paradec.models.decode import LayerKernels
 
 SOURCES = tuple(Path(__file__).with_name(f) for f in ("native.c", "native_mm.c", "native_layers.c"))
-HEADER = Path(__file__).with_name("native.h")  # what both share (part of the build's key)
+HEADER = Path(__file__).with_name("native.h")  # what the C files share (part of the build's key)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
 OPENMP = "-fopenmp"  # the quantized linears' threads (the process's OpenMP runtime: torch's); dropped if absent
 DTYPES = {torch.bfloat16: 1, torch.float32: 0}

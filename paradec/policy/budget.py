@@ -33,7 +33,8 @@ to ``EXPLORE_EVERY << MAX_BACKOFF``; how often it looks depends on no timing).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
+from itertools import accumulate
 
 from paradec.cpu import PassCost
 from paradec.policy.dynamic import HURDLE, CurveLatency, LatencyModel
@@ -120,6 +121,17 @@ class BatchBudget:
         """Committed tokens of a row whose tree of ``proposed`` nodes past the root is cut to ``width``."""
         return self.accept.expected((method, size_class(proposed)), min(proposed, width - 1))
 
+    def by_width(self, trees: list[tuple[str, int]], widest: int) -> list[float]:
+        """The rows' committed tokens summed, their trees cut to width 1, 2, ..., ``widest``
+        (``expected`` for every row and width, from one pass over each kind of tree's rates:
+        a width at a time, it cost an SSM's or EAGLE's skipped step ~0.4 ms in Python)."""
+        totals = [0.0] * widest
+        for (method, proposed), rows in Counter(trees).items():
+            gains = list(accumulate(self.accept.rates((method, size_class(proposed)), proposed), initial=1.0))
+            for w in range(1, widest + 1):
+                totals[w - 1] += rows * gains[min(proposed, w - 1)]
+        return totals
+
     def choose(self, trees: list[tuple[str, int]], priced: list[list[float]] = ()) -> int:
         """trees: per row, (method, nodes proposed past the root); priced: per row whose drafter
         priced its own tree, the committed tokens it expects at width 1, 2, ... (``Proposal.gains``)
@@ -130,8 +142,9 @@ class BatchBudget:
             return widest if w is None else min(w, widest)
         batch = len(trees) + len(priced)
         best, best_w, bar = -1.0, 1, 0.0  # bar: what a width past the root must beat (HURDLE over width 1)
+        drafted = self.by_width(trees, widest)
         for w in range(1, widest + 1):
-            tokens = sum(self.expected(m, p, w) for m, p in trees) + sum(g[min(w, len(g)) - 1] for g in priced)
+            tokens = drafted[w - 1] + sum(g[min(w, len(g)) - 1] for g in priced)
             value = tokens / self.latency.predict(batch * w)
             if value > max(best, bar) * (1 + 1e-9):
                 best, best_w = value, w
@@ -182,10 +195,9 @@ class BatchBudget:
         methods = tuple(sorted({m for m, _ in trees}))
         draft = sum(self.draft_s.get(m, 0.0) for m in methods)
         plain = batch / self.latency.predict(batch)
-        drafting = max(
-            sum(self.expected(m, p, w) for m, p in trees) / (self.latency.predict(batch * w) + draft)
-            for w in range(2, 2 + max(p for _, p in trees))
-        )
+        widest = 1 + max(p for _, p in trees)
+        tokens = self.by_width(trees, widest)
+        drafting = max(tokens[w - 1] / (self.latency.predict(batch * w) + draft) for w in range(2, widest + 1))
         if drafting >= plain * (1 + self.hurdle):
             self.skipped[methods] = self.misses[methods] = 0
             self.drafted += 1
