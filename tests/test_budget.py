@@ -242,6 +242,24 @@ def test_skipped_drafting_looks_again_less_often_while_looks_do_not_pay():
     assert widths == [0] * (EXPLORE_EVERY - 1) + [3]
 
 
+def test_a_new_request_of_a_skipped_method_starts_skipped_and_looks_after_the_first_interval():
+    """The engine's verdict carries over: a method whose drafting is skipped starts its next
+    request skipped (``standing`` 0, not a full tree at its first step), with the look interval
+    back at EXPLORE_EVERY; another method's rows (and its skipped steps) do not touch it."""
+    budget = BatchBudget(PassCost("m", (1, 8), (0.010, 0.010), measured=True))
+    budget.observe_draft("ssm", 0.010)
+    for _ in range(20):
+        budget.observe("ssm", 4, 4, [])
+    assert budget.standing("ssm") is None  # nothing decided yet
+    for _ in range(3 * EXPLORE_EVERY):  # skipped, two looks that did not pay
+        if budget.next_width([("ssm", 4)], 5) == 3:
+            budget.observe("ssm", 4, 2, [])
+    assert budget.next_width([("pld", 0)], 1) == 1  # a pld row that drafted nothing: no verdict of its own
+    assert budget.standing("pld") is None and budget.standing("ssm") == 0
+    widths = [budget.next_width([("ssm", 0)], 1) for _ in range(EXPLORE_EVERY)]  # skipped steps of the new request
+    assert widths == [0] * (EXPLORE_EVERY - 1) + [3]
+
+
 def _budget(base_s: float, per_position_s: float) -> BatchBudget:
     """A budget whose latency line is fit, with 12-token chains always accepted in full and
     2-token ones never."""

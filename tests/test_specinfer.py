@@ -34,8 +34,11 @@ def drafts(tmp_path_factory, tokenizer, checkpoints):
 
 
 def engine_with(llama_dir, *drafts):
-    # a fixed curve: whether a drafted chain pays must not depend on the CPU running the suite
-    return paradec.load(llama_dir, dtype="fp32", drafts=list(drafts), cost=PassCost.flat())
+    # a fixed curve, and every tree verified whole: whether a method drafts must not depend on
+    # the CPU running the suite (the batch budget weighs the SSM's measured time; test_budget.py)
+    engine = paradec.load(llama_dir, dtype="fp32", drafts=list(drafts), cost=PassCost.flat())
+    engine.budget = None
+    return engine
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +75,6 @@ def test_greedy_identical_to_ar(llama_dir, drafts, ar_tokens, case, batch):
 @pytest.mark.parametrize("expansion", [[1, 1, 1], [1, 1, 3, 1, 1, 1, 1, 1], [2, 2]])
 def test_self_draft_accepts_whole_deepest_path(llama_dir, drafts, ar_tokens, expansion):
     engine = engine_with(llama_dir, drafts["self"])
-    engine.budget = None  # every chain verified in full (the batch budget would cut them: tests/test_budget.py)
     out = engine.generate(PROMPTS, max_new_tokens=N_NEW, ignore_eos=True, method="specinfer", expansion=expansion)
     per_step = len(expansion) + 1
     for g, ref in zip(out, ar_tokens):

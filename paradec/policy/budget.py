@@ -106,7 +106,8 @@ class BatchBudget:
         self.probe: list[int | None] = [] if curve is not None else [1, None]
         self.quiet = 0  # choices in a row that verified the root alone
         self.draft_s: dict[str, float] = {}  # method -> seconds its drafters take a step (recent average)
-        self.last_trees: list[tuple[str, int]] = []  # the last step's drafted rows (method, proposed nodes)
+        # by the methods of a step's rows: the last step's drafted rows (method, proposed nodes)
+        self.last_trees: dict[tuple[str, ...], list[tuple[str, int]]] = {}
         # by the methods that draft (an engine serves several): steps in a row whose drafting was
         # skipped because it did not pay, and looks in a row after which it still did not
         self.skipped: dict[tuple[str, ...], int] = defaultdict(int)
@@ -180,19 +181,29 @@ class BatchBudget:
         """A step's drafting took ``seconds`` for ``method`` (recent steps weigh more)."""
         self.draft_s[method] = self.draft_s.get(method, seconds) * decay + seconds * (1 - decay)
 
+    def standing(self, method: str) -> int | None:
+        """How far a new request of ``method`` should draft at its first step: 0 while this
+        engine skips that method's drafting alone (``next_width``), else None (its whole tree).
+        A new text may suit the drafter better: its first look comes after EXPLORE_EVERY steps."""
+        key = (method,)
+        if not (self.skipped.get(key, 0) or self.misses.get(key, 0)):
+            return None
+        self.skipped[key] = self.misses[key] = 0
+        return 0
+
     def next_width(self, trees: list[tuple[str, int]], width: int) -> int:
         """How far the drafters should draft next step (``Drafter.set_width``): this step's ``width``
         while drafting pays for its own time too, else 0 (no drafting: the step is an `ar` step),
         with a look again after ``EXPLORE_EVERY`` steps, backing off (``MAX_BACKOFF``). ``trees``:
-        this step's rows, as ``choose``'s (when none of them drafted, as beside auto's priced rows,
-        the last drafted ones stand in)."""
+        this step's rows, as ``choose``'s (when none of them drafted, as beside auto's priced rows
+        or at a skipped step, the last drafted rows of the same methods stand in)."""
+        methods = tuple(sorted({m for m, _ in trees}))
         if any(p for _, p in trees):
-            self.last_trees = trees
-        trees = self.last_trees
+            self.last_trees[methods] = trees
+        trees = self.last_trees.get(methods, [])
         if not trees or not isinstance(self.latency, CurveLatency):
             return width
         batch = len(trees)
-        methods = tuple(sorted({m for m, _ in trees}))
         draft = sum(self.draft_s.get(m, 0.0) for m in methods)
         plain = batch / self.latency.predict(batch)
         widest = 1 + max(p for _, p in trees)
@@ -227,8 +238,8 @@ def cut_batch(
     choice. -> (proposals, the rows' (method, proposed nodes) but the priced ones, or None when
     nothing was decided; the width)."""
     widest = max(len(p.tree) for p in proposals)
-    if widest == 1:  # nothing drafted: the drafters may look one node further again
-        return proposals, [], 1
+    if widest == 1:  # nothing drafted (the rows' methods say whose skipped step this is)
+        return proposals, [(m, 0) for b, m in enumerate(methods) if b not in own], 1
     priced = [b for b in sorted(own) if proposals[b].gains is not None]
     sized = own - set(priced)
     cuttable = len(proposals) - len(sized)
