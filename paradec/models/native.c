@@ -286,8 +286,7 @@ typedef struct {
   int64_t* seen;
 } pd_scratch;
 
-void* pd_attend_scratch(int64_t n, int64_t heads, int64_t kvh, int64_t hd, int64_t end) {
-  (void)heads, (void)kvh; /* a unit is one head's tokens */
+void* pd_attend_scratch(int64_t n, int64_t hd, int64_t end) {
   const int64_t chunk = n < PD_CHUNK ? n : PD_CHUNK;
   const int64_t floats = chunk * hd + chunk * end + end;
   pd_scratch* sc = malloc(sizeof(pd_scratch) + sizeof(float) * (size_t)floats + sizeof(int64_t) * (size_t)end);
@@ -360,7 +359,7 @@ void pd_attend(const void* qkv, const void* cos, const void* sin, void* kc, int6
 #pragma omp parallel num_threads(threads)
   {
     pd_rope_rows(qkv, cos, sin, kc, k_row, vc, v_row, idx, q, b, n, heads, kvh, hd, max_len, dt);
-    void* scratch = pd_attend_scratch(n, heads, kvh, hd, end);
+    void* scratch = pd_attend_scratch(n, hd, end);
     pd_attend_units(q, kc, k_row, vc, v_row, mask, mask_span, out, b, n, heads, kvh, hd, max_len, end, dt, scratch);
     free(scratch);
   }

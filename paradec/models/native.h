@@ -63,7 +63,7 @@ void pd_silu_rows(const void* gu, void* out, int64_t rows, int64_t inter, int dt
 void pd_rope_rows(const void* qkv, const void* cos, const void* sin, void* kc, int64_t k_row, void* vc, int64_t v_row,
                   const int64_t* idx, float* q, int64_t b, int64_t n, int64_t heads, int64_t kvh, int64_t hd,
                   int64_t max_len, int dt);
-void* pd_attend_scratch(int64_t n, int64_t heads, int64_t kvh, int64_t hd, int64_t end);
+void* pd_attend_scratch(int64_t n, int64_t hd, int64_t end);
 void pd_attend_units(const float* q, const void* kc, int64_t k_row, const void* vc, int64_t v_row,
                      const uint8_t* mask, int64_t mask_span, void* out, int64_t b, int64_t n, int64_t heads, int64_t kvh,
                      int64_t hd, int64_t max_len, int64_t end, int dt, void* scratch);

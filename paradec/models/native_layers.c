@@ -42,7 +42,7 @@ int pd_layers(const pd_layer* layers, int64_t count, void* x, const void* cos, c
   int ok = 1;
 #pragma omp parallel num_threads(threads)
   {
-    void* scratch = pd_attend_scratch(n, heads, kvh, hd, end);
+    void* scratch = pd_attend_scratch(n, hd, end);
     if (!scratch) {
 #pragma omp atomic write
       ok = 0;
