@@ -146,9 +146,7 @@ class Scheduler:
         max_len = max(len(r.tokens) + r.budget for r in rows) + 1
         group.drafter.begin([r.tokens for r in rows], max_len, features)
         if self.budget is not None and group.gen.sampling.greedy and not group.drafter.sizes_own_trees:
-            # a method whose drafting the engine skips (it did not pay on the last requests)
-            # starts skipped too, not with a full tree at its first step
-            group.drafter.set_width(self.budget.standing(group.gen.method))
+            group.drafter.set_width(self.budget.standing(group.gen.method))  # skipped where the engine skips it
         prefill_s = time.perf_counter() - group.start
         for row in rows:
             row.stats.prefill_s = prefill_s

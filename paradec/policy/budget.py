@@ -118,14 +118,10 @@ class BatchBudget:
     def rate(self, method: str, proposed: int, node: int) -> float:
         return self.accept.rate((method, size_class(proposed)), node)
 
-    def expected(self, method: str, proposed: int, width: int) -> float:
-        """Committed tokens of a row whose tree of ``proposed`` nodes past the root is cut to ``width``."""
-        return self.accept.expected((method, size_class(proposed)), min(proposed, width - 1))
-
     def by_width(self, trees: list[tuple[str, int]], widest: int) -> list[float]:
-        """The rows' committed tokens summed, their trees cut to width 1, 2, ..., ``widest``
-        (``expected`` for every row and width, from one pass over each kind of tree's rates:
-        a width at a time, it cost an SSM's or EAGLE's skipped step ~0.4 ms in Python)."""
+        """The rows' expected committed tokens summed, their trees (``proposed`` nodes past the
+        root) cut to width 1, 2, ..., ``widest``: one pass over each kind of tree's rates (a width
+        at a time, it cost an SSM's or EAGLE's skipped step ~0.4 ms in Python)."""
         totals = [0.0] * widest
         for (method, proposed), rows in Counter(trees).items():
             gains = list(accumulate(self.accept.rates((method, size_class(proposed)), proposed), initial=1.0))
