@@ -4,6 +4,7 @@ every proposal a valid tree ranked by draft confidence."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from conftest import two_token_joint_tv
 import paradec
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.models.eagle import EagleHead
+from paradec.models.native import available as native_available
 from paradec.scheduler import Scheduler, prefill
 from paradec.state import Row
 from paradec.train.eagle import _batch_loss, draft_vocabulary, features
@@ -386,3 +388,41 @@ def test_training_time_test_reads_what_a_deep_draft_node_reads(engine):
     assert torch.equal(mask[:width, :width], torch.ones(width, width, dtype=torch.bool).tril())
     block_causal = torch.block_diag(*[torch.ones(width, width, dtype=torch.bool).tril()] * steps)
     assert not torch.equal(mask, block_causal | mask)  # step k sees none of its own step's other positions
+
+
+@pytest.mark.skipif(not native_available(), reason="no C compiler for the native path")
+def test_drafting_passes_run_in_c_and_read_the_int8_head(engine, heads):
+    """A CPU's head (int8 linears) drafts in C, one call a pass, predicting the features torch's
+    ops do up to the activations' int8 rounding; its draft logits read the target's int8 LM head's
+    own rows of the draft vocabulary (not the dequantized head) where that head is int8."""
+    from paradec.models.quant import quantize_linears
+
+    engine.load_companion("eagle", heads["subset"])
+    head = engine.companions["eagle"]
+    fc, plan, table = head._native()
+    assert table is not None  # every linear an int8 C kernel: the pass in one call
+    g = torch.Generator().manual_seed(0)
+    n, hidden = 6, engine.model.config.hidden_size
+    feats = torch.randn(1, n, hidden, generator=g)
+    tokens, pos = torch.randint(0, 200, (1, n), generator=g), torch.arange(n)[None]
+    with torch.inference_mode():
+        c_out = head(feats, tokens, pos, engine.model.embed, None, head.new_cache(1, 32))
+        built, head._plan = head._plan, (head._plan[0], None)  # torch's ops this once
+        try:
+            torch_out = head(feats, tokens, pos, engine.model.embed, None, head.new_cache(1, 32))
+        finally:
+            head._plan = built
+    scale = torch_out.abs().max()
+    assert (c_out - torch_out).abs().max() < 0.05 * scale  # int8 activations, not another computation
+    assert (c_out[:, -1] - torch_out[:, 0]).abs().max() > 0.05 * scale  # (positions do differ)
+    target = engine.model
+    int8_head = copy.deepcopy(target.lm_head)
+    holder = torch.nn.Module()
+    holder.lm_head = int8_head
+    quantize_linears(holder, "none", head="int8")
+    with torch.inference_mode():
+        logits = head.draft_logits(holder.lm_head)(c_out)  # [1, n, K]
+        dense = c_out @ holder.lm_head.dequantized()[head.vocab].T
+    assert logits.shape == (1, n, len(head.vocab))
+    assert (logits - dense).abs().max() < 0.05 * dense.abs().max()
+    assert torch.equal(logits.argmax(-1), dense.argmax(-1))

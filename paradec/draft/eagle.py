@@ -134,7 +134,7 @@ class EagleDrafter(DrafterHooks):
         # sampling verifies every drawn node: keep the tree within the verifier's limit
         self.topk = topk if sampling.greedy else min(topk, 2)
         self.device = head.device
-        self.lm_w = head.lm_rows(lm_head)  # [K or vocab, hidden]: the LM head rows drafts are read from
+        self.logits = head.draft_logits(lm_head)  # predicted features [..., hidden] -> draft logits [..., K]
         self.vocab = None if head.vocab is None else head.vocab.to(self.device)  # [K] draft slot -> token id
         self.vocab_ids = None if head.vocab is None else head.vocab.tolist()
         self.cache = None
@@ -224,7 +224,7 @@ class EagleDrafter(DrafterHooks):
             front_feats = torch.stack([out[b, len(chain) - 1] for b, chain in enumerate(self.pending)])[:, None]
             start = width
             for d in range(self.depth):
-                logits = (front_feats @ self.lm_w.T).float()  # [batch, front, K]: q of their children
+                logits = self.logits(front_feats)  # [batch, front, K]: q of their children
                 new = [[] for _ in sequences]
                 for b, row_kids in enumerate(self._children(logits, generators)):
                     for i, tok, logq, q in row_kids:

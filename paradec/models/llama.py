@@ -163,6 +163,12 @@ def _bump(*_) -> None:
     _GENERATION[0] += 1
 
 
+def modules_generation() -> int:
+    """How many modules, parameters and buffers the process has registered: a plan built from
+    modules (``Transformer.plan``, ``EagleHead``'s) is stale once this moves."""
+    return _GENERATION[0]
+
+
 for _register in (
     torch.nn.modules.module.register_module_module_registration_hook,
     torch.nn.modules.module.register_module_parameter_registration_hook,
