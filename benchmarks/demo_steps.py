@@ -3,8 +3,9 @@ target's pass and the rest (drafting, acceptance, commit), on the demo's prompts
 
     python benchmarks/demo_steps.py --rounds 2 --out benchmarks/results/demo_steps
 
-One engine with the zoo's companions, as `paradec demo` loads it; methods interleaved per prompt
-and round. Writes OUT/results.json and OUT/results.md.
+One engine with the zoo's companions, as `paradec demo` loads it; methods in the demo's lockstep
+(one step of each in turn), each keeping a draft budget of its own over the prompts and rounds.
+Writes OUT/results.json and OUT/results.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from paradec import methods as registry
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import machine, markdown_table
 from paradec.companions import loadable
+from paradec.demo import lockstep
 from paradec.zoo import default_gguf
 
 
@@ -41,10 +43,11 @@ def main() -> None:
     methods = {m.name: {"method": m.name, **m.demo} for m in shown if not m.missing(engine)}
     engine.generate(convs[0], max_new_tokens=4)  # warm-up
     sums = {name: dict.fromkeys(("wall_s", "target_s", "steps", "tokens", "verified"), 0.0) for name in methods}
+    budgets = {name: engine.own_budget() for name in methods}  # as the demo keeps them: one per method
     for _ in range(args.rounds):
         for conv in convs:
-            for name, opts in methods.items():
-                s = engine.generate(conv, max_new_tokens=args.max_new_tokens, ignore_eos=True, **opts).stats
+            for name, out in lockstep(engine, conv, methods, args.max_new_tokens, budgets).items():
+                s = out.stats
                 for key, v in zip(sums[name], (s.wall_s - s.prefill_s, s.target_s, s.steps, s.new_tokens, s.verified)):
                     sums[name][key] += v
     ar = sums["ar"]["tokens"] / sums["ar"]["wall_s"]

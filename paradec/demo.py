@@ -47,6 +47,11 @@ def run_demo(
     convs = [[{"role": "user", "content": p.text}] if chat else p.text for p in prompts]
     methods = {m.name: {"method": m.name, **m.demo} for m in shown if not m.missing(engine)}
     engine.generate(convs[0], max_new_tokens=4)  # warm-up
+    # a draft budget per method, kept from prompt to prompt, as each has when a user runs it alone
+    # (chat's turns, a server's requests: ``Engine.budget``). Sharing one, interleaved methods
+    # moved each other's exploration and acceptance statistics (over 6 runs: `auto` 0.98x `ar`
+    # shared, 1.06x own; `medusa` 0.89x, 0.93x; `eagle+ngram` 0.93x, 0.99x)
+    budgets = {name: engine.own_budget() for name in methods}
     rows = []
     loaded = ", ".join(c.summary for c in loadable() if engine.companions.get(c.name)) or "no drafters"
     print(
@@ -60,7 +65,7 @@ def run_demo(
             out.write(piece)
             out.flush()
         print("\n" + "-" * 72, file=out)
-        outs = lockstep(engine, conv, methods, max_new_tokens)
+        outs = lockstep(engine, conv, methods, max_new_tokens, budgets)
         ref = outs["ar"]
         for name in methods:
             rows.append(_row(p.id, name, outs[name], ref, ref.stats.wall_s, out))
@@ -71,13 +76,16 @@ def run_demo(
     return summary
 
 
-def lockstep(engine, conv, methods: dict[str, dict], max_new_tokens: int) -> dict[str, SimpleNamespace]:
-    """Every method (name -> ``generate`` options) on one conversation, each on a scheduler (and draft budget) of
-    its own, stepped in turn (one step of each, the order rotating), so the machine's drift
-    (its speed moves by up to 2x within a minute) falls on every method alike; a method's time
-    is its own prefill and steps. -> name -> (token_ids, stats) with ``stats.wall_s`` that time.
-    Run one after another, a 1.3-second answer per method had put a method 10-28 % below `ar`
-    on a prompt where, interleaved five times, every method was within 3 % of it."""
+def lockstep(
+    engine, conv, methods: dict[str, dict], max_new_tokens: int, budgets: dict | None = None
+) -> dict[str, SimpleNamespace]:
+    """Every method (name -> ``generate`` options) on one conversation, each on a scheduler and a
+    draft budget of its own (``budgets``: name -> the one it keeps; default a new one), stepped in
+    turn (one step of each, the order rotating), so the machine's drift (its speed moves by up to
+    2x within a minute) falls on every method alike; a method's time is its own prefill and steps.
+    -> name -> (token_ids, stats) with ``stats.wall_s`` that time. Run one after another, a
+    1.3-second answer per method had put a method 10-28 % below `ar` on a prompt where,
+    interleaved five times, every method was within 3 % of it."""
     ids = engine.encode(conv)  # a conversation goes through the chat template
     lanes = []
     for name, options in methods.items():
@@ -85,10 +93,8 @@ def lockstep(engine, conv, methods: dict[str, dict], max_new_tokens: int) -> dic
         drafter = registry.get(gen.method).drafter(engine, gen)
         rows = engine.new_rows([ids], gen)
         need = len(ids) + rows[0].budget + 1 + drafter.max_nodes
-        # a draft budget of its own, as the method has when it is the one a user runs: sharing the
-        # engine's, interleaved methods moved each other's exploration and acceptance statistics
-        # (over 6 runs: `auto` 0.98x `ar` shared, 1.06x own; `medusa` 0.89x, 0.93x; `eagle+ngram` 0.93x, 0.99x)
-        sched = Scheduler(engine, 1, need, engine.tokenizer.eos_ids, engine.own_budget())
+        budget = budgets[name] if budgets is not None else engine.own_budget()
+        sched = Scheduler(engine, 1, need, engine.tokenizer.eos_ids, budget)
         t = time.perf_counter()
         sched.admit(rows, gen, drafter)
         lanes.append((name, sched, rows[0], [time.perf_counter() - t]))
