@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -111,6 +112,37 @@ def test_ngram_drafts_further_on_a_longer_match():
     assert ng.continuations(text + [7]) == [[8, 9]]  # 1 matched token: 2 drafted
     assert ng.continuations(text + [6, 7]) == [[8, 9, 6, 7]]  # 2 matched: 4 drafted
     assert ng.continuations([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]) == [[4, 5, 6, 7, 8]]  # 3 matched: 6, capped at 5
+
+
+def test_ngram_lookup_is_the_plain_scan():
+    """The vectorized lookup against a scan written out: the longest suffix (max_ngram down to
+    min_ngram) seen before, its distinct continuations newest first, on random short texts over
+    small vocabularies (many repeats, overlapping and adjacent matches, no match)."""
+
+    def scan(tokens, max_ngram, num_draft, branches, min_ngram, per_match):
+        for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+            length = num_draft if per_match is None else min(num_draft, per_match * n)
+            found = []
+            for start in range(len(tokens) - n - 1, -1, -1):
+                cont = tokens[start + n : start + n + length]
+                if tokens[start : start + n] == tokens[-n:] and cont not in found:
+                    found.append(cont)
+            if found:
+                return found[:branches], n
+        return [], 0
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        tokens = [rng.randrange(rng.choice([2, 3, 6])) for _ in range(rng.randint(1, 40))]
+        opts = dict(
+            max_ngram=rng.randint(1, 5),
+            num_draft=rng.randint(1, 6),
+            branches=rng.randint(1, 3),
+            min_ngram=rng.randint(1, 3),
+            per_match=rng.choice([None, 1, 3]),
+        )
+        ng = NgramDrafter(**opts)
+        assert (ng.continuations(tokens), ng.matched) == scan(tokens, **opts), (tokens, opts)
 
 
 # ---- sampling: distribution tests ---------------------------------------------------------

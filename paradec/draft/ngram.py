@@ -76,24 +76,28 @@ class NgramDrafter:
         arr = np.asarray(tokens, dtype=np.int64)
         # where an earlier token equals the last one: every match of a suffix ends at one of these
         ends = np.flatnonzero(arr[:-1] == arr[-1])
-        for n in range(min(self.max_ngram, len(arr) - 1), self.min_ngram - 1, -1):
-            hits = ends[ends >= n - 1]
-            for k in range(1, n):  # the suffix's k-th token from the end matches too
-                hits = hits[arr[hits - k] == arr[-1 - k]]
-            hits = hits - (n - 1)  # where each match starts
-            found: list[list[int]] = []
-            length = self.num_draft if self.per_match is None else min(self.num_draft, self.per_match * n)
-            for start in hits[::-1]:
-                cont = arr[start + n : start + n + length].tolist()
-                if cont and cont not in found:
-                    found.append(cont)
-                    if len(found) == self.branches:
-                        break
-            if found:
-                self.matched = n
-                return found
-        self.matched = 0
-        return []
+        longest = min(self.max_ngram, len(arr) - 1)
+        if len(ends) == 0 or longest < self.min_ngram:
+            self.matched = 0
+            return []
+        # how far each match reaches back: the suffix's k-th token from the end matches for k < reach
+        back = ends[:, None] - np.arange(longest)  # [matches, longest]
+        same = (back >= 0) & (arr[np.maximum(back, 0)] == arr[-1 - np.arange(longest)])
+        reach = same.cumprod(axis=1).sum(axis=1)  # [matches]
+        n = int(reach.max())  # the longest suffix seen before (each match has a continuation)
+        if n < self.min_ngram:
+            self.matched = 0
+            return []
+        found: list[list[int]] = []
+        length = self.num_draft if self.per_match is None else min(self.num_draft, self.per_match * n)
+        for end in ends[reach >= n][::-1]:  # newest first
+            cont = arr[end + 1 : end + 1 + length].tolist()
+            if cont not in found:
+                found.append(cont)
+                if len(found) == self.branches:
+                    break
+        self.matched = n
+        return found
 
     def propose(self, tokens: list[int]) -> DraftTree:
         """``tokens`` = prompt + generated so far (the last one is the root)."""
