@@ -7,6 +7,7 @@ method's factory may live here or in its own module.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -135,18 +136,11 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
         return _auto_lookups(target, gen) if target.model.exact_chains else _root_auto(gen)
     fixed = gen.with_option(TreeOptions, dynamic=False).with_option(PruneOptions, prune=False)
     fixed = fixed.with_option(LookupOptions, with_ngram=False)
+    fresh = not gen.deterministic and ("auto",) not in target.policies
     stats = _auto_stats(target, gen)
-    arms: dict[str, Drafter] = {}
-    sizes: dict[str, int] = {}
-    loaded, tree_nodes = target.companions, gen.option(TreeOptions).tree_nodes
-    if loaded.get("eagle") is not None and stats.offers("eagle"):  # a retired drafter is not built
-        arms["eagle"], sizes["eagle"] = eagle(target, fixed), tree_nodes or EAGLE_TREE_NODES
-    if loaded.get("heads") is not None and stats.offers("medusa"):
-        arms["medusa"] = heads(target, fixed)
-        sizes["medusa"] = tree_nodes or loaded["heads"].meta.get("tree_nodes", DEFAULT_TREE_NODES)
-    if loaded.get("drafts") and stats.offers("specinfer"):
-        arms["specinfer"] = specinfer(target, fixed)
-        sizes["specinfer"] = arms["specinfer"].max_nodes
+    arms, sizes = _arms(target, fixed, stats)
+    if fresh and target.cost is not None and target.cost.measured:  # what each costs, before any row tries it
+        stats.seed_draft_costs(draft_costs(target, _arms(target, fixed, stats)[0]))
     lookup, retrieval = _lookups(target, gen, stats)
     return AutoDrafter(
         arms,
@@ -158,6 +152,48 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
         featured=frozenset({"eagle"}),
         retrieval=retrieval,
     )
+
+
+def _arms(target: Target, fixed: GenerationConfig, stats: AutoStats) -> tuple[dict[str, Drafter], dict[str, int]]:
+    """`auto`'s model drafters (those loaded and not retired), each at its fixed size."""
+    arms: dict[str, Drafter] = {}
+    sizes: dict[str, int] = {}
+    loaded, tree_nodes = target.companions, fixed.option(TreeOptions).tree_nodes
+    if loaded.get("eagle") is not None and stats.offers("eagle"):  # a retired drafter is not built
+        arms["eagle"], sizes["eagle"] = eagle(target, fixed), tree_nodes or EAGLE_TREE_NODES
+    if loaded.get("heads") is not None and stats.offers("medusa"):
+        arms["medusa"] = heads(target, fixed)
+        sizes["medusa"] = tree_nodes or loaded["heads"].meta.get("tree_nodes", DEFAULT_TREE_NODES)
+    if loaded.get("drafts") and stats.offers("specinfer"):
+        arms["specinfer"] = specinfer(target, fixed)
+        sizes["specinfer"] = arms["specinfer"].max_nodes
+    return arms, sizes
+
+
+def draft_costs(target: Target, arms: dict[str, Drafter], context: int = 48, steps: int = 3) -> dict[str, float]:
+    """Seconds each drafter's step takes for one row, measured on a made-up context (random tokens,
+    zero features): the fastest of its proposals after the first (which builds what it keeps),
+    each after a commit of one token. An engine's `auto` starts from these, not from 0: a drafter
+    untried was tried on every fresh engine (a CLI call, the demo), EAGLE's, Medusa's and an SSM's
+    first trees ~20 ms each on 2 AVX2 cores, 3 target passes, where none of them could pay."""
+    cfg = target.model.config
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (context + steps,), generator=g).tolist()
+    zeros = torch.zeros(1, context + steps, cfg.hidden_size, dtype=target.model.embed.weight.dtype)
+    out = {}
+    with torch.inference_mode():
+        for name, arm in arms.items():
+            seq = tokens[:context]
+            arm.begin([seq], context + steps + arm.max_nodes + 1, zeros[:, : context - 1])
+            times = []
+            for step in range(steps):
+                t = time.perf_counter()
+                arm.propose([seq], [None])
+                times.append(time.perf_counter() - t)
+                arm.commit(0, [], tokens[context + step], zeros[0, :1])
+                seq = seq + [tokens[context + step]]
+            out[name] = min(times[1:])
+    return out
 
 
 def _root_auto(gen: GenerationConfig) -> AutoDrafter:

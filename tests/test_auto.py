@@ -9,6 +9,7 @@ import torch
 from conftest import PROMPTS, two_token_joint_tv
 
 import paradec
+from paradec import methods as registry
 from paradec.config import SamplingConfig
 from paradec.cpu import PassCost
 from paradec.draft.auto import AutoDrafter, Shadow
@@ -398,3 +399,24 @@ def test_a_request_joining_a_running_batch_prices_its_first_step_with_it(engine,
         sched.admit(rows, gen, methods.get("auto").drafter(engine, gen))
     list(sched.step())
     assert batches == [3, 3, 3]
+
+
+def test_a_fresh_engine_times_its_model_drafters_before_any_row_tries_them(engine, monkeypatch):
+    """With a measured pass-cost curve, an engine's first `auto` request times each loaded model
+    drafter's step at one row (a made-up context) and its statistics start from those costs, not
+    from 0 (every drafter tried once on every fresh engine). A curve not measured, or a
+    deterministic request (no timings), seeds nothing."""
+    gen = engine.config(method="auto", max_new_tokens=N_NEW)
+    engine.policies.pop(("auto",), None)
+    registry.get("auto").drafter(engine, gen)  # engine.cost: a flat curve, not measured
+    assert engine.policies[("auto",)].draft_s == {}
+    monkeypatch.setattr(engine, "cost", PassCost("measured", (1, 8), (0.01, 0.012), measured=True))
+    engine.policies.pop(("auto",), None)
+    registry.get("auto").drafter(engine, engine.config(method="auto", deterministic=True))
+    assert ("auto",) not in engine.policies
+    registry.get("auto").drafter(engine, gen)
+    seeded = engine.policies[("auto",)].draft_s
+    assert set(seeded) == {("eagle", 1), ("medusa", 1), ("specinfer", 1)} and all(s > 0 for s in seeded.values())
+    ar = engine.generate(PROMPTS[0], max_new_tokens=N_NEW, ignore_eos=True).token_ids
+    assert engine.generate(PROMPTS[0], method="auto", max_new_tokens=N_NEW, ignore_eos=True).token_ids == ar
+    engine.policies.pop(("auto",), None)

@@ -15,7 +15,9 @@ For a row in a pass of ``batch`` rows, drafter a with its tree cut to w nodes (r
   on the steps measured here. T(batch * w) / batch is a row's share of the pass when every row
   pads to w, as a batch of rows that choose alike does.
 - d_a: what drafter a's proposal costs a row a step, measured (prompt lookup: ~0; EAGLE: its
-  head's passes; an SSM: its passes), starting at 0 so that every drafter is tried. A drafter's
+  head's passes; an SSM: its passes): at one row, from a measurement on a made-up context when
+  an engine's first `auto` request begins (``factories.draft_costs``), at other group sizes
+  starting at 0 so that every drafter is tried. A drafter's
   passes serve every row of its group at once, so a row's share is the step's drafting time over
   the group's rows; ``choose_group`` then drops a drafter that too few of them chose to pay for.
 
@@ -146,6 +148,12 @@ class AutoStats:
         if not self.frozen:
             key = (drafter, rows)
             self.draft_s[key] = self.draft_s.get(key, seconds) * decay + seconds * (1 - decay)
+
+    def seed_draft_costs(self, seconds: dict[str, float]) -> None:
+        """Each drafter's step at one row, measured before any row tried it (``factories.draft_costs``)."""
+        if not self.frozen:
+            for drafter, s in seconds.items():
+                self.draft_s.setdefault((drafter, 1), s)
 
     def draft_cost(self, drafter: str, rows: int = 1) -> float:
         """A row's share of ``drafter``'s step in a group of ``rows`` (0 until measured: tried first)."""
