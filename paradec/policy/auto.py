@@ -49,7 +49,7 @@ from paradec.policy.dynamic import CurveLatency, LatencyModel
 EXPLORE_EVERY = 48  # steps of `ar` in a row after which a row tries its next-best drafter once
 ROW_WEIGHT = 4.0  # the engine's rate counts as this many of the row's own observations
 ROW_DECAY = 0.9  # a row's own statistics forget fast: the text changes within an answer
-RETIRE_AFTER = 256  # row-steps a model drafter is offered before the engine judges its share
+RETIRE_AFTER = 64  # row-steps a model drafter is offered (its cost measured first) before the engine judges it
 RETIRE_SHARE = 0.01  # chosen (on value, not to explore) on fewer of them: retired ...
 RETIRE_FOR = 4096  # ... for this many of the engine's row-steps
 FREE = frozenset({"pld"})  # drafters that cost nothing to offer: never retired
