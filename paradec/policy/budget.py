@@ -58,11 +58,12 @@ class Acceptance:
     prior of PRIOR_ACCEPT times node n - 1's rate, worth PRIOR_WEIGHT observations. Nodes count
     parents first, so a tree cut to its first w nodes expects 1 + sum_{0 < n < w} rate(n) tokens."""
 
-    def __init__(self, decay: float = 0.995, per_key: bool = False) -> None:
+    def __init__(self, decay: float = 0.995, per_key: bool = False, priors: dict[str, float] | None = None) -> None:
         self.decay = decay
         # forget with every observation (a budget: what the batch drafts now), or with every
         # observation of the same key (auto: a drafter tried rarely keeps what was measured of it)
         self.per_key = per_key
+        self.priors = priors or {}  # key[0] (who drafted) -> its first node's prior, where not PRIOR_ACCEPT
         self.hits: dict[tuple, float] = defaultdict(float)  # (key, node) -> on the accepted path
         self.trials: dict[tuple, float] = defaultdict(float)  # (key, node) -> verified
 
@@ -70,7 +71,7 @@ class Acceptance:
         """[rate of node 1, ..., node ``nodes``]. Node n's prior is PRIOR_ACCEPT times node n - 1's
         rate (for a chain: the chance it is accepted given its parent was), so a chain that is
         accepted whole makes the next node look worth verifying before it ever was."""
-        out, parent = [], 1.0
+        out, parent = [], self.priors.get(key[0], PRIOR_ACCEPT) / PRIOR_ACCEPT  # node 1's prior: PRIOR_ACCEPT x this
         for n in range(1, nodes + 1):
             k = (key, n)
             parent = (self.hits.get(k, 0.0) + PRIOR_ACCEPT * parent * PRIOR_WEIGHT) / (
