@@ -21,7 +21,7 @@ import torch
 from ab import write_results
 
 import paradec
-from paradec.scheduler import verify_forward
+from paradec.passes import verify_forward
 from paradec.tree.tree import TokenTree
 from paradec.zoo import default_gguf
 

@@ -8,6 +8,7 @@ method's factory may live here or in its own module.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -140,7 +141,9 @@ def auto(target: Target, gen: GenerationConfig) -> Drafter:
     stats = _auto_stats(target, gen)
     arms, sizes = _arms(target, fixed, stats)
     if fresh and target.cost is not None and target.cost.measured:  # what each costs, before any row tries it
-        stats.seed_draft_costs(draft_costs(target, _arms(target, fixed, stats)[0]))
+        # arms of their own, with their own statistics (deterministic): the made-up context's commits
+        # must not teach the engine's (Medusa's rank statistics, shared with the `medusa` method)
+        stats.seed_draft_costs(draft_costs(target, _arms(target, replace(fixed, deterministic=True), stats)[0]))
     lookup, retrieval = _lookups(target, gen, stats)
     return AutoDrafter(
         arms,

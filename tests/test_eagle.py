@@ -15,7 +15,8 @@ import paradec
 from paradec.draft.eagle import EagleCostModel, EagleDrafter
 from paradec.models.eagle import EagleHead
 from paradec.models.native import available as native_available
-from paradec.scheduler import Scheduler, prefill
+from paradec.passes import prefill
+from paradec.scheduler import Scheduler
 from paradec.state import Row
 from paradec.train.eagle import _batch_loss, draft_vocabulary, features
 

@@ -12,8 +12,9 @@ import paradec.state
 from paradec.draft import merge
 from paradec.draft.base import DraftTree
 from paradec.models.heads import EarlyHead, Heads, MedusaHeads, save_heads
+from paradec.passes import prefill, verify_forward
 from paradec.policy import Calibration, LatencyModel, TreePolicy
-from paradec.scheduler import Scheduler, prefill, verify_forward
+from paradec.scheduler import Scheduler
 from paradec.tree.builders import top_paths
 from paradec.verify.prune import prune_proposal, pruned_pass
 

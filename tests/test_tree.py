@@ -6,7 +6,7 @@ import torch
 
 import paradec
 import paradec.state
-from paradec.scheduler import prefill, verify_forward
+from paradec.passes import prefill, verify_forward
 from paradec.tree import ScratchTree, TokenTree, pass_tensors
 
 # r -> 1 -> 3 -> 6 ; r -> 1 -> 4 ; r -> 2 -> 5 ; r -> 2 -> 7 -> 8

@@ -99,10 +99,10 @@ class EagleHead(nn.Module):
             if self.vocab is not None:
                 at = self.vocab.to(w.device)
                 w, s = w[at], s[at]
-            mm = native_mod.q8_kernel(w.contiguous(), s.float().contiguous(), None)
+            mm, dtype = native_mod.q8_kernel(w.contiguous(), s.float().contiguous(), None), self.dtype
 
             def logits(f: torch.Tensor) -> torch.Tensor:
-                return mm(f.to(self.dtype)).float()
+                return mm(f.to(dtype)).float()
 
         else:
             rows = self.lm_rows(lm_head)  # [K or vocab, hidden]
@@ -126,13 +126,11 @@ class EagleHead(nn.Module):
         [b, 1, n, span] | None (None without a cache: causal) -> predicted features [b, n, hidden]."""
         pair = torch.cat([embed(tokens).to(feats.dtype), feats], -1)  # [b, n, 2 hidden]
         native = self._native() if cache is not None and not pair.requires_grad else None
-        if native is None:
-            x = self.fc(pair)
-            cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
-            return self.block(x, cos, sin, mask, cache)
-        fc, plan, table = native
-        x = fc(pair)
+        x = (self.fc if native is None else native[0])(pair)
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        if native is None:
+            return self.block(x, cos, sin, mask, cache)
+        _, plan, table = native
         return native_mod.native_layers(plan, x, cos, sin, mask, cache, None, None if table is None else (table, 0))
 
     def _native(self) -> tuple[Callable, list[LayerKernels], native_mod.LayerTable | None] | None:
