@@ -14,7 +14,7 @@ LAYERS = [
     {"errors", "options", "config", "zoo", "stdlib"},  # records and locations
     {"sampling", "tokenizer", "text", "state", "kv", "tree"},  # pure functions and typed state
     {"models", "cpu", "policy"},  # the runtime; what a pass costs on this CPU; ProPD's cost model
-    {"draft", "verify", "parallel"},  # proposing, accepting, ASPD's decoder
+    {"draft", "verify", "parallel", "passes"},  # proposing, accepting, ASPD's decoder, the target's passes
     {"companions", "factories", "methods"},  # what methods load beside the target; the factories; the registry
     {"scheduler"},  # the loop: groups of rows on one KV cache
     {"engine"},  # loading, generate/stream
