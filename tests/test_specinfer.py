@@ -115,9 +115,10 @@ def test_ngram_drafts_further_on_a_longer_match():
 
 
 def test_ngram_lookup_is_the_plain_scan():
-    """The vectorized lookup against a scan written out: the longest suffix (max_ngram down to
-    min_ngram) seen before, its distinct continuations newest first, on random short texts over
-    small vocabularies (many repeats, overlapping and adjacent matches, no match)."""
+    """The vectorized lookup, and the n-gram index a list seen again is looked up in, against a
+    scan written out: the longest suffix (max_ngram down to min_ngram) seen before, its distinct
+    continuations newest first, on random short texts over small vocabularies (many repeats,
+    overlapping and adjacent matches, no match)."""
 
     def scan(tokens, max_ngram, num_draft, branches, min_ngram, per_match):
         for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
@@ -132,7 +133,7 @@ def test_ngram_lookup_is_the_plain_scan():
         return [], 0
 
     rng = random.Random(0)
-    for _ in range(3000):
+    for i in range(3000):
         tokens = [rng.randrange(rng.choice([2, 3, 6])) for _ in range(rng.randint(1, 40))]
         opts = dict(
             max_ngram=rng.randint(1, 5),
@@ -143,6 +144,13 @@ def test_ngram_lookup_is_the_plain_scan():
         )
         ng = NgramDrafter(**opts)
         assert (ng.continuations(tokens), ng.matched) == scan(tokens, **opts), (tokens, opts)
+        if i % 3 == 0:  # a row's tokens, growing: the same list looked up at every length (its index)
+            grown = []
+            for tok in tokens:
+                grown.append(tok)
+                assert (ng.continuations(grown), ng.matched) == scan(grown, **opts), (grown, opts)
+            grown[-3:] = [7, 7]  # changed under it: looked up as it is now
+            assert (ng.continuations(grown), ng.matched) == scan(grown, **opts), (grown, opts)
 
 
 # ---- sampling: distribution tests ---------------------------------------------------------

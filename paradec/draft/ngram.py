@@ -54,6 +54,42 @@ class LookupOptions:
             raise ParadecError("ngram, num_draft and ngram_branches must be >= 1")
 
 
+MAX_INDEXED = 256  # token lists a lookup keeps (an index each, once seen twice); then it starts over
+
+
+class SuffixIndex:
+    """Where every n-gram (n <= ``max_ngram``) of a growing token list ends, brought up to date
+    at each lookup: the lookup reads its last n tokens' entry, not the whole text (numpy's scan of
+    a 300-token context took ~130 us a step between passes, most of it the list's conversion)."""
+
+    def __init__(self, tokens: list[int], max_ngram: int) -> None:
+        self.tokens = tokens  # the list itself: a row's tokens, which only grow
+        self.ends: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_ngram)]  # [n - 1]: n-gram -> ends
+        self.size = 0  # positions 0 .. size - 1 are indexed
+        self.last = -1  # the token at size - 1 when it was indexed (a list changed under it: start over)
+
+    def _reset(self) -> None:
+        self.ends = [{} for _ in self.ends]
+        self.size, self.last = 0, -1
+
+    def longest(self, min_ngram: int) -> tuple[int, list[int]]:
+        """-> (n, the positions before the last where the last n tokens end, ascending), n the
+        longest such suffix of at least ``min_ngram`` tokens; (0, []) where none occurs."""
+        t = self.tokens
+        if self.size > len(t) - 1 or (self.size and t[self.size - 1] != self.last):
+            self._reset()
+        for i in range(self.size, len(t) - 1):  # the last token is the query's, never a match's end
+            for n in range(1, min(len(self.ends), i + 1) + 1):
+                self.ends[n - 1].setdefault(tuple(t[i - n + 1 : i + 1]), []).append(i)
+        self.size = max(self.size, len(t) - 1)
+        self.last = t[self.size - 1] if self.size else -1
+        for n in range(min(len(self.ends), len(t) - 1), min_ngram - 1, -1):
+            ends = self.ends[n - 1].get(tuple(t[len(t) - n :]))
+            if ends:
+                return n, ends
+        return 0, []
+
+
 class NgramDrafter:
     def __init__(
         self,
@@ -66,13 +102,41 @@ class NgramDrafter:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.num_draft, self.branches, self.per_match = num_draft, branches, per_match
         self.matched = 0  # the suffix length the last lookup matched (0: none)
+        self._indexes: dict[int, tuple[list[int], SuffixIndex | None]] = {}  # id(list) -> (it, its index)
 
     @property
     def max_nodes(self) -> int:
         return self.num_draft * self.branches
 
     def continuations(self, tokens: list[int]) -> list[list[int]]:
-        """Distinct continuations of the longest suffix (<= max_ngram) seen before, newest first."""
+        """Distinct continuations of the longest suffix (<= max_ngram) seen before, newest first.
+        A list seen before (a row's tokens, which only grow) is looked up in its n-gram index,
+        kept up to date (``SuffixIndex``); a list seen once, by a scan of it."""
+        seen = self._indexes.get(id(tokens))
+        if seen is not None and seen[0] is tokens:
+            index = seen[1] or SuffixIndex(tokens, self.max_ngram)
+            if seen[1] is None:
+                self._indexes[id(tokens)] = (tokens, index)
+            return self._found(tokens, *index.longest(self.min_ngram))
+        if len(self._indexes) >= MAX_INDEXED:
+            self._indexes.clear()
+        self._indexes[id(tokens)] = (tokens, None)  # (holding the list: its id is not reused meanwhile)
+        return self._scan(tokens)
+
+    def _found(self, tokens: list[int], n: int, ends: list[int]) -> list[list[int]]:
+        """The distinct continuations after ``ends`` (where the ``n`` last tokens occur, in order)."""
+        found: list[list[int]] = []
+        length = self.num_draft if self.per_match is None else min(self.num_draft, self.per_match * n)
+        for end in reversed(ends):  # newest first
+            cont = tokens[end + 1 : end + 1 + length]
+            if cont not in found:
+                found.append(cont)
+                if len(found) == self.branches:
+                    break
+        self.matched = n
+        return found
+
+    def _scan(self, tokens: list[int]) -> list[list[int]]:
         arr = np.asarray(tokens, dtype=np.int64)
         # where an earlier token equals the last one: every match of a suffix ends at one of these
         ends = np.flatnonzero(arr[:-1] == arr[-1])
@@ -88,16 +152,7 @@ class NgramDrafter:
         if n < self.min_ngram:
             self.matched = 0
             return []
-        found: list[list[int]] = []
-        length = self.num_draft if self.per_match is None else min(self.num_draft, self.per_match * n)
-        for end in ends[reach >= n][::-1]:  # newest first
-            cont = arr[end + 1 : end + 1 + length].tolist()
-            if cont not in found:
-                found.append(cont)
-                if len(found) == self.branches:
-                    break
-        self.matched = n
-        return found
+        return self._found(tokens, n, ends[reach >= n].tolist())
 
     def propose(self, tokens: list[int]) -> DraftTree:
         """``tokens`` = prompt + generated so far (the last one is the root)."""
