@@ -31,6 +31,7 @@ from paradec.passes import prefill, prefill_span, verify_forward
 from paradec.policy.budget import BatchBudget, cut_batch
 from paradec.sampling import greedy
 from paradec.state import Row, StepEvent, StepReport, Verification
+from paradec.tree.shadow import Shadow
 from paradec.verify import Verdict, accept_greedy, accept_mss, accept_naive
 from paradec.verify.prune import pruned_pass
 from paradec.verify.typical import accept_typical
@@ -55,6 +56,8 @@ class Group:
     ready: bool = False  # prefilled: it decodes at every step
     filled: list[int] = field(default_factory=list)  # per row: prompt tokens in the cache so far
     parts: list[list[torch.Tensor]] = field(default_factory=list)  # per row: normed hidden of those, by chunk
+    # per row: draft trees the budget cut, scored against the tokens the row commits next (``tree.shadow``)
+    shadows: list[list[Shadow]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -104,7 +107,13 @@ class Scheduler:
         if len(rows) > self.free_rows or not self.fits(rows, drafter):
             raise RuntimeError("the rows do not fit the cache (check free_rows and fits first)")
         group = Group(
-            rows, gen, drafter, self.cache.add_rows(len(rows)), filled=[0] * len(rows), parts=[[] for _ in rows]
+            rows,
+            gen,
+            drafter,
+            self.cache.add_rows(len(rows)),
+            filled=[0] * len(rows),
+            parts=[[] for _ in rows],
+            shadows=[[] for _ in rows],
         )
         later = self.interleave_prefill and max(len(r.tokens) for r in rows) - 1 > PREFILL_CHUNK
         self.groups.append(group)
@@ -172,7 +181,7 @@ class Scheduler:
         t_step = time.perf_counter()
         with torch.inference_mode():
             proposals = self._propose()
-            drafted = [len(p.tree) for p in proposals]
+            drafted = list(proposals)  # as proposed, before the budget cut them
             proposals, trees, cut = self._cut(proposals, self.groups)
             width = cut  # the next proposals need reach no further than this width (+1), or nowhere
             if trees is not None:
@@ -208,7 +217,9 @@ class Scheduler:
             for g, recall in reports:  # after every commit
                 span = slice(g.first, g.first + len(g.rows))
                 verified = max(len(p.tree) for p in ver.proposals[span])
-                report = StepReport(batch, max(drafted[span]), verified, seconds, pruned, tuple(recall), **whole)
+                report = StepReport(
+                    batch, max(len(p.tree) for p in drafted[span]), verified, seconds, pruned, tuple(recall), **whole
+                )
                 g.drafter.observe(report)
         self._leave()
 
@@ -232,10 +243,17 @@ class Scheduler:
         return proposals
 
     def _accept_group(
-        self, g: Group, ver: Verification, drafted: list[int], budgeted: bool, t_fwd: float, recall: list[bool]
+        self,
+        g: Group,
+        ver: Verification,
+        drafted: list[Proposal],
+        budgeted: bool,
+        t_fwd: float,
+        recall: list[bool],
     ) -> Iterator[tuple[Group, StepEvent]]:
         """Accept ``g``'s rows with its own settings, commit, and yield each row's committed tokens;
-        a split pass's early-head recall goes to ``recall``."""
+        a split pass's early-head recall goes to ``recall``. ``drafted``: every row's tree as
+        proposed, before the budget cut it (``budgeted``: it did)."""
         span = slice(g.first, g.first + len(g.rows))
         try:
             verdicts = self._accept(ver.proposals[span], ver.logits[span], g.rows, g.gen)
@@ -248,19 +266,47 @@ class Scheduler:
             committed = self._commit(g, i, ver, verdict, recall)
             b = g.first + i
             if budgeted and not g.drafter.sizes_own_trees:
-                self.budget.observe(g.gen.method, drafted[b] - 1, len(ver.proposals[b].tree) - 1, verdict.nodes[1:])
+                self._score(g, i, drafted[b], ver.proposals[b], verdict, committed)
             row.stats.steps += 1
             row.stats.target_s += t_fwd
-            row.stats.nodes += drafted[b]
+            row.stats.nodes += len(drafted[b].tree)
             row.stats.verified += len(ver.proposals[b].tree)
             source = ver.proposals[b].source
             if source:
                 row.stats.drafters[source] = row.stats.drafters.get(source, 0) + 1
             accepted = min(len(verdict.nodes) - 1, len(committed))
             depth = max(ver.proposals[b].tree.depths)
-            yield g, StepEvent(i, committed, accepted, drafted[b] - 1, depth, source or g.gen.method, row.stats.steps)
+            yield (
+                g,
+                StepEvent(
+                    i, committed, accepted, len(drafted[b].tree) - 1, depth, source or g.gen.method, row.stats.steps
+                ),
+            )
             if row.done:  # by EOS or its budget, or by its consumer (a stop string)
                 row.stats.wall_s = time.perf_counter() - g.start
+
+    def _score(self, g: Group, i: int, drafted: Proposal, verified: Proposal, verdict: Verdict, committed: list[int]):
+        """The budget learns how much of row ``i``'s tree would be accepted: at once where it was
+        verified whole; where it was cut (``drafted`` -> ``verified``), by the tokens the row commits
+        now and at the next steps (greedy: the target's own), so the nodes it cut are scored too,
+        without a pass padded to verify them (``tree.shadow``). The row's earlier cut trees read
+        this step's tokens first."""
+        method, proposed = g.gen.method, len(drafted.tree) - 1
+        pending = []
+        for shadow in g.shadows[i]:
+            if shadow.feed(committed):
+                self.budget.observe(*shadow.key, shadow.nodes, shadow.path)
+            else:
+                pending.append(shadow)
+        if len(verified.tree) == len(drafted.tree):
+            self.budget.observe(method, proposed, proposed, verdict.nodes[1:])
+        else:
+            shadow = Shadow((method, proposed), drafted.tree)
+            if shadow.feed(committed):
+                self.budget.observe(method, proposed, proposed, shadow.path)
+            else:
+                pending.append(shadow)
+        g.shadows[i] = pending
 
     @staticmethod
     def _fail(g: Group, exc: Exception) -> None:

@@ -12,7 +12,7 @@ import paradec
 from paradec import methods as registry
 from paradec.config import SamplingConfig
 from paradec.cpu import PassCost
-from paradec.draft.auto import AutoDrafter, Shadow
+from paradec.draft.auto import AutoDrafter
 from paradec.draft.datastore import Datastore
 from paradec.draft.eagle import EagleDrafter
 from paradec.draft.heads import HeadDrafter
@@ -29,6 +29,7 @@ from paradec.policy.auto import (
     choose_group,
 )
 from paradec.policy.budget import HURDLE
+from paradec.tree.shadow import Shadow
 
 N_NEW = 24
 REPEATS = ["a b c d e f g a b c d e f g a b c", "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n"]

@@ -54,7 +54,7 @@ def test_auto_prices_its_rows_and_the_batch_cuts_them(engine, monkeypatch):
     """A pass is as wide as its widest row: auto hands the budget what each of its rows expects at
     each width, the budget cuts the batch, and auto learns only from the nodes verified (of the
     trees it verifies: the lookup chains it declines are scored by what follows; off here)."""
-    from paradec.draft.auto import Shadow
+    from paradec.tree.shadow import Shadow
 
     monkeypatch.setattr(Shadow, "feed", lambda self, committed: False)
     ar = engine.generate(PROMPTS, max_new_tokens=40, ignore_eos=True)
@@ -130,19 +130,67 @@ def test_a_width_that_gains_less_than_the_hurdle_is_not_verified():
         assert budget.choose([("pld", 1)]) == width, (rate, hurdle)
 
 
-def test_looks_past_the_root_cost_at_most_their_share_of_the_time():
-    """A look verifies 2 more nodes of every row: at 4 rows where 12 positions cost 2.2 passes of
-    4 (2 AVX2 cores), the budget looks every ~120 choices, not every 16 as where positions are
-    free; rows that auto priced (it scores their declined chains itself) are never looked at."""
+def test_the_budget_never_pads_a_pass_to_explore():
+    """Chains that never get accepted: the root alone, every step, where positions cost and where
+    they are free; what a cut leaves out is scored by what the rows commit (the next test), so no
+    pass verifies 2 more nodes now and then to learn it (on 2 AVX2 cores a pass of 4 rows x 3
+    nodes cost 2.1 plain ones)."""
     steep = PassCost("avx2-like", (1, 4, 8, 16), (0.028, 0.040, 0.064, 0.109))
-    for curve, looks in ((steep, 2), (PassCost.flat(), 20)):
+    for curve in (steep, PassCost.flat()):
         budget = BatchBudget(curve)
         for _ in range(200):
-            budget.observe("pld", 2, 2, [])  # chains that never get accepted: the root alone pays
-        widths = [budget.choose([("pld", 2)] * 4) for _ in range(320)]
-        assert widths.count(3) == looks and set(widths) == {1, 3}, curve.format
+            budget.observe("pld", 2, 2, [])
+        assert {budget.choose([("pld", 2)] * 4) for _ in range(320)} == {1}, curve.format
     priced = BatchBudget(steep)
     assert {priced.choose([], [[1.0, 1.1, 1.15]] * 4) for _ in range(320)} == {1}
+
+
+class Watching(Fixed):
+    """Verifies the root alone and records what it learns (``observe``)."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.seen = []
+
+    def observe(self, method, proposed, offered, accepted):
+        self.seen.append((method, proposed, offered, tuple(accepted)))
+        super().observe(method, proposed, offered, accepted)
+
+
+def test_nodes_the_budget_cuts_are_scored_by_what_the_row_commits(engine, monkeypatch):
+    """Prompt lookup's chains, cut to the root: every one whose fate the answer decides is scored
+    in full, as verifying it whole would have scored it (its first tokens that the answer goes
+    on with), though no pass verified a node of it."""
+    from paradec.draft import TreeDrafter
+
+    chains = []
+    propose = TreeDrafter.propose
+
+    def spy(self, sequences, generators):
+        out = propose(self, sequences, generators)
+        chains.append(list(out[0].tree.tokens[1:]) if out[0].tree.is_chain else None)
+        return out
+
+    monkeypatch.setattr(TreeDrafter, "propose", spy)
+    engine.budget = Watching()
+    try:
+        out = engine.generate(PROMPTS[1], method="pld", max_new_tokens=40, ignore_eos=True)
+        seen = engine.budget.seen
+    finally:
+        engine.budget = BatchBudget(PassCost.flat())
+    ids = out.token_ids
+    assert out.stats.verified == out.stats.steps == len(ids)  # the root alone: one token a step
+    want = []
+    for t, chain in enumerate(chains):  # the chain drafted at step t guesses ids[t], ids[t + 1], ...
+        assert chain is not None
+        hits = 0
+        while hits < len(chain) and t + hits < len(ids) and chain[hits] == ids[t + hits]:
+            hits += 1
+        if chain and (hits == len(chain) or t + hits < len(ids)):  # decided within the answer
+            want.append(("pld", len(chain), len(chain), tuple(range(1, hits + 1))))
+    drafted = sorted(o for o in seen if o[1])
+    assert drafted == sorted(want) and sum(len(o[3]) for o in drafted) > 10  # and many nodes were on the path
+    assert len(seen) - len(drafted) == sum(1 for c in chains if not c)  # a step that drafted nothing: seen as one
 
 
 def test_eagles_cost_model_verifies_no_draft_that_gains_less_than_the_hurdle():
@@ -242,22 +290,26 @@ def test_skipped_drafting_looks_again_less_often_while_looks_do_not_pay():
     assert widths == [0] * (EXPLORE_EVERY - 1) + [3]
 
 
-def test_a_new_request_of_a_skipped_method_starts_skipped_and_looks_after_the_first_interval():
+def test_a_new_request_of_a_skipped_method_starts_skipped_and_its_looks_go_on_backing_off():
     """The engine's verdict carries over: a method whose drafting is skipped starts its next
-    request skipped (``standing`` 0, not a full tree at its first step), with the look interval
-    back at EXPLORE_EVERY; another method's rows (and its skipped steps) do not touch it."""
+    request skipped (``standing`` 0, not a full tree at its first step), and its skipped steps and
+    looks go on counting from the last request (it does not look again after 16 steps of every
+    new one); another method's rows (and its skipped steps) do not touch it."""
     budget = BatchBudget(PassCost("m", (1, 8), (0.010, 0.010), measured=True))
     budget.observe_draft("ssm", 0.010)
     for _ in range(20):
         budget.observe("ssm", 4, 4, [])
     assert budget.standing("ssm") is None  # nothing decided yet
-    for _ in range(3 * EXPLORE_EVERY):  # skipped, two looks that did not pay
+    looks = []
+    for step in range(1, 3 * EXPLORE_EVERY + 11):  # skipped, two looks that did not pay, 10 steps since
         if budget.next_width([("ssm", 4)], 5) == 3:
+            looks.append(step)
             budget.observe("ssm", 4, 2, [])
+    assert looks == [EXPLORE_EVERY, 3 * EXPLORE_EVERY]
     assert budget.next_width([("pld", 0)], 1) == 1  # a pld row that drafted nothing: no verdict of its own
     assert budget.standing("pld") is None and budget.standing("ssm") == 0
-    widths = [budget.next_width([("ssm", 0)], 1) for _ in range(EXPLORE_EVERY)]  # skipped steps of the new request
-    assert widths == [0] * (EXPLORE_EVERY - 1) + [3]
+    widths = [budget.next_width([("ssm", 0)], 1) for _ in range(4 * EXPLORE_EVERY)]  # the new request's steps
+    assert widths.index(3) == 4 * EXPLORE_EVERY - 10 - 1 and widths.count(3) == 1  # 64 steps after the last look
 
 
 def _budget(base_s: float, per_position_s: float) -> BatchBudget:

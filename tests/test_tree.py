@@ -8,6 +8,8 @@ import paradec
 import paradec.state
 from paradec.passes import prefill, verify_forward
 from paradec.tree import ScratchTree, TokenTree, pass_tensors
+from paradec.tree.shadow import Shadow, walk
+from paradec.verify import accept_greedy
 
 # r -> 1 -> 3 -> 6 ; r -> 1 -> 4 ; r -> 2 -> 5 ; r -> 2 -> 7 -> 8
 TREE = TokenTree((10, 11, 12, 13, 14, 15, 16, 17, 18), (-1, 0, 0, 1, 1, 2, 3, 2, 7))
@@ -80,3 +82,26 @@ def test_batched_trees_do_not_see_each_other(checkpoints):
             solo_cache = _prefill(engine, p)
             solo = verify_forward(engine.model, [t], solo_cache)[0][0]
             assert (both[b, : len(t)] - solo).abs().max() <= 1e-4
+
+
+def test_a_shadow_walks_the_path_that_greedy_verification_accepts():
+    """Random trees over a 3-token alphabet (so paths often match) against random target tokens:
+    the path the committed tokens trace, fed a few at a time as steps commit them, is the path
+    ``accept_greedy`` accepts when the target's argmax at depth d is the d-th committed token."""
+    gen = torch.Generator().manual_seed(0)
+    ended = 0
+    for _ in range(2000):
+        n = int(torch.randint(1, 12, (1,), generator=gen))
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+        tree = TokenTree(tuple(torch.randint(0, 3, (n,), generator=gen).tolist()), tuple(parents))
+        target = torch.randint(0, 3, (12,), generator=gen).tolist()  # the tokens the row commits, in order
+        verdict = accept_greedy(tree, [target[d] for d in tree.depths])
+        shadow, fed = Shadow(("pld", n - 1), tree), 0
+        while not shadow.done and fed < len(target):
+            step = int(torch.randint(1, 4, (1,), generator=gen))
+            shadow.feed(target[fed : fed + step])
+            fed += step
+        assert shadow.done and shadow.path == verdict.nodes[1:]
+        assert walk(tree, target) == verdict.nodes[1:]
+        ended += len(shadow.path) == max(tree.depths)
+    assert ended > 300  # many walks reached a leaf

@@ -13,7 +13,7 @@ engine retires (``policy.auto``: it keeps not being chosen) is dropped at once: 
 lookups, commits or offers in this request.
 
 A lookup chain (prompt or datastore) a row did not verify is still scored: the tokens the row
-commits next say how much of it would have been accepted (``Shadow``), and that counts as an
+commits next say how much of it would have been accepted (``tree.shadow``), and that counts as an
 observation of its context. The chain is a point mass, so "the committed token is the drafted
 one" happens with exactly the chance that verification would accept it, when sampling as in
 greedy mode; and it is read after the draws it scores, for later steps' choices only. Without
@@ -24,7 +24,6 @@ are accepted.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -37,26 +36,8 @@ from paradec.draft.ngram import NgramDrafter
 from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose_group
 from paradec.state import StepReport
 from paradec.tree.proposal import DraftTree, Proposal, merge
+from paradec.tree.shadow import Shadow, walk
 from paradec.tree.tree import TokenTree
-
-
-@dataclass
-class Shadow:
-    """A prompt-lookup chain a row did not verify, scored against what the row commits next."""
-
-    key: tuple  # (drafter, context) of its statistics
-    tokens: list[int]  # [k] the chain past its root
-    hits: int = 0  # its first ``hits`` tokens were committed, in order
-
-    def feed(self, committed: list[int]) -> bool:
-        """Reads the row's newly committed tokens; True once the chain's fate is known."""
-        for tok in committed:
-            if tok != self.tokens[self.hits]:
-                return True
-            self.hits += 1
-            if self.hits == len(self.tokens):
-                return True
-        return False
 
 
 class AutoDrafter(DrafterHooks):
@@ -171,7 +152,7 @@ class AutoDrafter(DrafterHooks):
             for name, rows in found.items():
                 chain, context = rows[b]
                 if c.drafter != name and len(chain.tokens) > 1:
-                    self.shadows[b].append(Shadow((name, context), chain.tokens[1:]))
+                    self.shadows[b].append(Shadow((name, context), TokenTree.chain(chain.tokens[0], chain.tokens[1:])))
             if self.greedy:  # the batch budget may cut it further: what each width is expected to commit
                 rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
                 prop.gains = list(accumulate(rates, initial=1.0))
@@ -191,11 +172,11 @@ class AutoDrafter(DrafterHooks):
         offered = len(tree) - 1 if self.width is None else min(len(tree), self.width) - 1
         self.rows[row].tick()
         if c.drafter != "ar" and offered > 0:
-            self.rows[row].observe((c.drafter, c.context), offered, _path(tree, accepted))
+            self.rows[row].observe((c.drafter, c.context), offered, walk(tree, accepted))
         pending, committed = [], [*accepted, bonus]
         for shadow in self.shadows[row]:
             if shadow.feed(committed):
-                self.rows[row].observe(shadow.key, len(shadow.tokens), list(range(1, shadow.hits + 1)))
+                self.rows[row].observe(shadow.key, shadow.nodes, shadow.path)
             else:
                 pending.append(shadow)
         self.shadows[row] = pending
@@ -220,15 +201,3 @@ class AutoDrafter(DrafterHooks):
         for b, r in enumerate(rows):
             out[b, : len(r)] = r
         return out
-
-
-def _path(tree: TokenTree, accepted: list[int]) -> list[int]:
-    """The nodes of ``tree`` that the ``accepted`` tokens walked, root excluded."""
-    kids = {(p, t): n for n, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if n}
-    nodes, node = [], 0
-    for tok in accepted:
-        node = kids.get((node, tok))
-        if node is None:
-            break
-        nodes.append(node)
-    return nodes

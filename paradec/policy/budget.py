@@ -11,12 +11,16 @@ second of the pass:
 
 E[accepted | W] = sum_{0 < n < W} r(M, S, n): a node on the accepted path adds one token, and
 r(M, S, n) is the learned chance that node n of a tree that method M proposed with S nodes is
-on the accepted path, given it was verified (for a chain, node n is depth n; EAGLE ranks its
-nodes by draft confidence; prompt lookup proposes further on a longer match, so S carries the
-match's confidence). Trees are cut to their first W nodes: parents come before children, so a
-prefix of a tree is a tree, and fewer drafted nodes never change what greedy verification
-commits. latency is the measured pass-cost curve of the CPU and format (``paradec.cpu``), its
-scale refit on measured passes (``CurveLatency``); without a curve, a line refit online.
+on the accepted path (for a chain, node n is depth n; EAGLE ranks its nodes by draft confidence;
+prompt lookup proposes further on a longer match, so S carries the match's confidence). Every
+node proposed is scored, verified or not: the nodes a cut left out by the tokens the row commits
+next (``tree.shadow``; the scheduler feeds them), so the budget needs no pass padded past what
+pays to learn whether more would (it used to verify 2 more nodes every 16 quiet steps: on 2 AVX2
+cores a pass of 3 nodes costs 1.6 plain ones, 4 % of the time of methods that never paid).
+Trees are cut to their first W nodes: parents come before children, so a prefix of a tree is a
+tree, and fewer drafted nodes never change what greedy verification commits. latency is the
+measured pass-cost curve of the CPU and format (``paradec.cpu``), its scale refit on measured
+passes (``CurveLatency``); without a curve, a line refit online.
 
 Only greedy trees are cut (under sampling, which draws are kept must not depend on their values),
 and not the trees of a drafter that sizes its own with a cost model (ProPD's dynamic trees).
@@ -32,7 +36,6 @@ to ``EXPLORE_EVERY << MAX_BACKOFF``; how often it looks depends on no timing).
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from itertools import accumulate
 
@@ -42,9 +45,8 @@ from paradec.tree.proposal import Proposal
 
 PRIOR_ACCEPT = 0.6  # the prior chance of a chain's node d is PRIOR_ACCEPT x node d - 1's rate ...
 PRIOR_WEIGHT = 2.0  # ... worth this many observations
-EXPLORE_EVERY = 16  # a budget that verifies nothing past the root looks at 2 more nodes every this many choices ...
-LOOK_SHARE = 0.01  # ... or less often, so that its looks cost at most this share of the time (a look pads every row)
-MAX_BACKOFF = 3  # skipped drafting: looks after EXPLORE_EVERY << misses steps, misses up to this
+EXPLORE_EVERY = 16  # skipped drafting: a look (a tree of 2 nodes past the root) after this many steps ...
+MAX_BACKOFF = 3  # ... then after EXPLORE_EVERY << misses steps, misses (looks in a row that did not pay) up to this
 
 
 def size_class(proposed: int) -> int:
@@ -105,7 +107,6 @@ class BatchBudget:
         self.latency = CurveLatency(curve) if curve is not None else LatencyModel()
         # without a curve, the widths tried first to fit the latency line (None: the widest)
         self.probe: list[int | None] = [] if curve is not None else [1, None]
-        self.quiet = 0  # choices in a row that verified the root alone
         self.draft_s: dict[str, float] = {}  # method -> seconds its drafters take a step (recent average)
         # by the methods of a step's rows: the last step's drafted rows (method, proposed nodes)
         self.last_trees: dict[tuple[str, ...], list[tuple[str, int]]] = {}
@@ -148,23 +149,7 @@ class BatchBudget:
                 best, best_w = value, w
             if w == 1:
                 bar = value * (1 + self.hurdle)
-        self.quiet = self.quiet + 1 if best_w == 1 else 0
-        # the statistics past the root are only the prior's: look again (not for priced rows alone,
-        # whose drafter keeps statistics of its own: auto scores its declined chains for free)
-        if trees and self.quiet >= self.look_every(batch):
-            self.quiet = 0
-            return min(3, widest)
         return best_w
-
-    def look_every(self, batch: int) -> int:
-        """Choices of the root alone between looks at 2 more nodes per row: EXPLORE_EVERY, or more
-        where a look costs more than LOOK_SHARE of the time between looks. On 2 AVX2 cores a pass
-        of 4 rows x 3 nodes costs 2.1 plain ones; looking every 16 steps cost `pld` and `auto`
-        2-4 % of a 4-client server's throughput, and no look found drafting that paid."""
-        if not isinstance(self.latency, CurveLatency):
-            return EXPLORE_EVERY
-        extra = self.latency.predict(batch * 3) / self.latency.predict(batch) - 1.0
-        return max(EXPLORE_EVERY, math.ceil(extra / LOOK_SHARE))
 
     def observe(self, method: str, proposed: int, offered: int, accepted: list[int]) -> None:
         """A row's verdict: of its tree (``proposed`` nodes past the root, cut to ``offered``),
@@ -181,12 +166,12 @@ class BatchBudget:
     def standing(self, method: str) -> int | None:
         """How far a new request of ``method`` should draft at its first step: 0 while this
         engine skips that method's drafting alone (``next_width``), else None (its whole tree).
-        A new text may suit the drafter better: its first look comes after EXPLORE_EVERY steps."""
+        Its skipped steps and the looks that did not pay go on counting from the last request, as
+        one text: a new text may suit the drafter better, but on a CPU where its drafting does not
+        pay starting over cost every request two looks in its first 48 steps (a look at an SSM's
+        or EAGLE's tree, 4-7 ms on 2 AVX2 cores: 2-3 % of the demo's 64-token answers)."""
         key = (method,)
-        if not (self.skipped.get(key, 0) or self.misses.get(key, 0)):
-            return None
-        self.skipped[key] = self.misses[key] = 0
-        return 0
+        return 0 if self.skipped.get(key, 0) or self.misses.get(key, 0) else None
 
     def next_width(self, trees: list[tuple[str, int]], width: int) -> int:
         """How far the drafters should draft next step (``Drafter.set_width``): this step's ``width``
