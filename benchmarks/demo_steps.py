@@ -17,10 +17,10 @@ from pathlib import Path
 
 import paradec
 from paradec import methods as registry
+from paradec.bench.lockstep import lockstep
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import machine, markdown_table
 from paradec.companions import loadable
-from paradec.demo import lockstep
 from paradec.zoo import default_gguf
 
 
@@ -46,7 +46,7 @@ def main() -> None:
     budgets = {name: engine.own_budget() for name in methods}  # as the demo keeps them: one per method
     for _ in range(args.rounds):
         for conv in convs:
-            for name, out in lockstep(engine, conv, methods, args.max_new_tokens, budgets).items():
+            for name, out in lockstep(engine, engine.encode(conv), methods, args.max_new_tokens, budgets).items():
                 s = out.stats
                 for key, v in zip(sums[name], (s.wall_s - s.prefill_s, s.target_s, s.steps, s.new_tokens, s.verified)):
                     sums[name][key] += v

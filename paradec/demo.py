@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from importlib.resources import files
 from pathlib import Path
-from types import SimpleNamespace
 
 import paradec
 from paradec import methods as registry
+from paradec.bench.lockstep import lockstep
 from paradec.bench.prompts import load_prompts
 from paradec.bench.report import markdown_table
 from paradec.companions import loadable
-from paradec.scheduler import Scheduler
 from paradec.zoo import bundled, default_gguf
 
 
@@ -65,7 +63,7 @@ def run_demo(
             out.write(piece)
             out.flush()
         print("\n" + "-" * 72, file=out)
-        outs = lockstep(engine, conv, methods, max_new_tokens, budgets)
+        outs = lockstep(engine, engine.encode(conv), methods, max_new_tokens, budgets)
         ref = outs["ar"]
         for name in methods:
             rows.append(_row(p.id, name, outs[name], ref, ref.stats.wall_s, out))
@@ -74,42 +72,6 @@ def run_demo(
     if aspd:
         aspd_demo(max_new_tokens * 2, dtype, out)
     return summary
-
-
-def lockstep(
-    engine, conv, methods: dict[str, dict], max_new_tokens: int, budgets: dict | None = None
-) -> dict[str, SimpleNamespace]:
-    """Every method (name -> ``generate`` options) on one conversation, each on a scheduler and a
-    draft budget of its own (``budgets``: name -> the one it keeps; default a new one), stepped in
-    turn (one step of each, the order rotating), so the machine's drift (its speed moves by up to
-    2x within a minute) falls on every method alike; a method's time is its own prefill and steps.
-    -> name -> (token_ids, stats) with ``stats.wall_s`` that time. Run one after another, a
-    1.3-second answer per method had put a method 10-28 % below `ar` on a prompt where,
-    interleaved five times, every method was within 3 % of it."""
-    ids = engine.encode(conv)  # a conversation goes through the chat template
-    lanes = []
-    for name, options in methods.items():
-        gen = engine.config(**{"method": "ar", **options}, max_new_tokens=max_new_tokens)
-        drafter = registry.get(gen.method).drafter(engine, gen)
-        rows = engine.new_rows([ids], gen)
-        need = len(ids) + rows[0].budget + 1 + drafter.max_nodes
-        budget = budgets[name] if budgets is not None else engine.own_budget()
-        sched = Scheduler(engine, 1, need, engine.tokenizer.eos_ids, budget)
-        t = time.perf_counter()
-        sched.admit(rows, gen, drafter)
-        lanes.append((name, sched, rows[0], [time.perf_counter() - t]))
-    turn = 0
-    while any(sched.groups for _, sched, _, _ in lanes):
-        for _, sched, _, seconds in lanes[turn % len(lanes) :] + lanes[: turn % len(lanes)]:
-            if sched.groups:
-                t = time.perf_counter()
-                for _ in sched.step():
-                    pass
-                seconds[0] += time.perf_counter() - t
-        turn += 1
-    for _, _, row, seconds in lanes:  # its own time, not the time since it began (the others' steps too)
-        row.stats.wall_s = seconds[0]
-    return {name: SimpleNamespace(token_ids=row.new_ids, stats=row.stats) for name, _, row, _ in lanes}
 
 
 def _row(prompt: str, name: str, g, ref, ar_s: float, out) -> dict:

@@ -265,48 +265,21 @@ class Scheduler:
                 continue
             committed = self._commit(g, i, ver, verdict, recall)
             b = g.first + i
-            if budgeted and not g.drafter.sizes_own_trees:
-                self._score(g, i, drafted[b], ver.proposals[b], verdict, committed)
+            tree, verified, method = drafted[b].tree, len(ver.proposals[b].tree), g.gen.method
+            if budgeted and not g.drafter.sizes_own_trees:  # the nodes the budget cut too (``tree.shadow``)
+                g.shadows[i] = self.budget.score(method, tree, verified, verdict.nodes[1:], committed, g.shadows[i])
             row.stats.steps += 1
             row.stats.target_s += t_fwd
-            row.stats.nodes += len(drafted[b].tree)
-            row.stats.verified += len(ver.proposals[b].tree)
+            row.stats.nodes += len(tree)
+            row.stats.verified += verified
             source = ver.proposals[b].source
             if source:
                 row.stats.drafters[source] = row.stats.drafters.get(source, 0) + 1
             accepted = min(len(verdict.nodes) - 1, len(committed))
             depth = max(ver.proposals[b].tree.depths)
-            yield (
-                g,
-                StepEvent(
-                    i, committed, accepted, len(drafted[b].tree) - 1, depth, source or g.gen.method, row.stats.steps
-                ),
-            )
+            yield g, StepEvent(i, committed, accepted, len(tree) - 1, depth, source or method, row.stats.steps)
             if row.done:  # by EOS or its budget, or by its consumer (a stop string)
                 row.stats.wall_s = time.perf_counter() - g.start
-
-    def _score(self, g: Group, i: int, drafted: Proposal, verified: Proposal, verdict: Verdict, committed: list[int]):
-        """The budget learns how much of row ``i``'s tree would be accepted: at once where it was
-        verified whole; where it was cut (``drafted`` -> ``verified``), by the tokens the row commits
-        now and at the next steps (greedy: the target's own), so the nodes it cut are scored too,
-        without a pass padded to verify them (``tree.shadow``). The row's earlier cut trees read
-        this step's tokens first."""
-        method, proposed = g.gen.method, len(drafted.tree) - 1
-        pending = []
-        for shadow in g.shadows[i]:
-            if shadow.feed(committed):
-                self.budget.observe(*shadow.key, shadow.nodes, shadow.path)
-            else:
-                pending.append(shadow)
-        if len(verified.tree) == len(drafted.tree):
-            self.budget.observe(method, proposed, proposed, verdict.nodes[1:])
-        else:
-            shadow = Shadow((method, proposed), drafted.tree)
-            if shadow.feed(committed):
-                self.budget.observe(method, proposed, proposed, shadow.path)
-            else:
-                pending.append(shadow)
-        g.shadows[i] = pending
 
     @staticmethod
     def _fail(g: Group, exc: Exception) -> None:

@@ -173,6 +173,37 @@ def test_bench_resumes_after_the_last_finished_group(tmp_path, llama_dir):
     assert (out / "partial.json").read_text() == other
 
 
+def test_bench_lockstep_steps_the_engines_methods_in_turn(tmp_path, llama_dir, monkeypatch):
+    """--lockstep: the default engine's methods (ar, pld) are decoded together by the demo's
+    lockstep (one step of each in turn: tests/test_scheduler.py), once per prompt and repeat,
+    each timed on its own and identical to `ar`; a peer (the oracle) runs whole beside them;
+    with a batch of 2 it is a clear error."""
+    from paradec.bench import runners
+    from paradec.bench.harness import run_bench
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a b c d e f g a b c d e f g a b c\nx = 1; y = 2; x = 1; y = 2\n")
+    calls = []
+    lockstep = runners.lockstep
+
+    def spy(engine, ids, methods, max_new_tokens, budgets):
+        calls.append((list(methods), {m: o["method"] for m, o in methods.items()}, id(budgets)))
+        return lockstep(engine, ids, methods, max_new_tokens, budgets)
+
+    monkeypatch.setattr(runners, "lockstep", spy)
+    cfg = dict(model=str(llama_dir), prompts=str(prompts), max_new_tokens=10, dtype="fp32", repeats=2)
+    result = run_bench(
+        BenchConfig(methods=("ar", "pld", "oracle"), out=str(tmp_path / "o"), lockstep=True, **cfg), progress=False
+    )
+    assert len(calls) == 4 and all(sorted(c[0]) == ["ar", "pld"] and c[1] == {"ar": "ar", "pld": "pld"} for c in calls)
+    assert len({c[2] for c in calls}) == 1  # every call: the same budgets (one per method, as bench keeps them)
+    records = {(r["prompt_id"], r["method"]): r for r in result["records"]}
+    assert len(records) == 6 and all(r["identical_to_ar"] for r in records.values())
+    assert all(r["wall_s"] > 0 and r["new_tokens"] == 10 for r in records.values())
+    with pytest.raises(ParadecError, match="lockstep"):
+        BenchConfig(methods=("ar", "pld"), out=str(tmp_path / "b"), lockstep=True, batch_size=2, **cfg)
+
+
 def test_prompt_formats(tmp_path):
     plain = tmp_path / "p.txt"
     plain.write_text("first prompt\n\nsecond prompt\n")

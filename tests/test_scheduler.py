@@ -146,10 +146,10 @@ def test_every_group_learns_what_the_whole_pass_cost_and_committed(engine, monke
 
 
 def test_the_demo_times_its_methods_in_lockstep(engine, monkeypatch):
-    """``paradec demo`` steps every method's scheduler in turn, so the machine's drift falls on all
-    of them alike: each gets the tokens ``generate`` gives it, and no method runs two steps while
-    another still has one to run."""
-    from paradec.demo import lockstep
+    """``paradec demo`` (and ``bench --lockstep``) steps every method's scheduler in turn, so the
+    machine's drift falls on all of them alike: each gets the tokens ``generate`` gives it, and no
+    method runs two steps while another still has one to run."""
+    from paradec.bench.lockstep import lockstep
 
     order = []
     step = Scheduler.step
@@ -160,7 +160,7 @@ def test_the_demo_times_its_methods_in_lockstep(engine, monkeypatch):
 
     monkeypatch.setattr(Scheduler, "step", spy)
     methods = {"ar": {}, "pld": {"method": "pld"}}
-    out = lockstep(engine, LOOKUP, methods, 12)
+    out = lockstep(engine, engine.encode(LOOKUP), methods, 12)
     monkeypatch.setattr(Scheduler, "step", step)
     for name, options in methods.items():
         want = engine.generate(LOOKUP, max_new_tokens=12, **options)

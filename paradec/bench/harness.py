@@ -1,7 +1,10 @@
 """``paradec bench``: every method side by side on the same prompts, weights and dtype.
 
 Timing rules: a warm-up run per method is excluded; methods are interleaved per prompt (the
-order rotates from prompt to prompt), not run in blocks; each (prompt, method) is timed
+order rotates from prompt to prompt), not run in blocks; with ``lockstep`` (batch 1), the
+methods of the default engine are interleaved per step as `paradec demo` runs them
+(``bench.lockstep``: one step of each in turn, a method's time its own prefill and steps), the
+peers and other formats per prompt around them; each (prompt, method) is timed
 ``repeats`` times and the median kept; every method generates the same number of new tokens
 (EOS ignored unless asked). Speedups follow Spec-Bench: the mean over prompts of the per-prompt
 throughput ratio.
@@ -61,6 +64,8 @@ class BenchConfig:
     quant: str = "auto"  # weight-only quantization of paradec's linears (paradec.load's quant)
     quant_head: str | None = None
     threads: int | None = None  # torch CPU threads (None: torch's default)
+    # batch 1: the methods of the default engine decoded one step of each in turn (``bench.lockstep``)
+    lockstep: bool = False
 
     def __post_init__(self) -> None:
         known = bench_methods()
@@ -85,6 +90,8 @@ class BenchConfig:
                 raise ParadecError(f"{base} runs on the torch backend only; drop @llamacpp from {m}")
         if any("gguf" in method_needs(m) for m in self.methods) and not self.model.endswith(".gguf"):
             raise ParadecError("llamacpp runs a GGUF file; pass model=FILE.gguf")
+        if self.lockstep and self.batch_size != 1:
+            raise ParadecError("--lockstep steps one prompt's methods in turn; use it with --batch-size 1")
         if min(self.batch_size, self.repeats, self.max_new_tokens, self.oracle_depth) < 1:
             raise ParadecError("batch_size=, repeats=, max_new_tokens= and oracle_depth= must be >= 1")
         table = methods.option_table()
@@ -172,8 +179,15 @@ def _time_group(runners: Runners, cfg: BenchConfig, batch: list[list[int]], orde
         for q in runners.engines:
             references[q], _ = runners.run(f"ar@{q}", batch, None)
     timings: dict[str, list] = {m: [] for m in order}
+    stepped = [m for m in order if runners.steppable(m)] if cfg.lockstep else []
     for _ in range(cfg.repeats):
+        if len(stepped) > 1:
+            for m, (seconds, tokens, stats) in runners.lockstep(stepped, batch).items():
+                timings[m].append((seconds, tokens, stats))
+                bar.update(1)
         for m in order:
+            if len(stepped) > 1 and m in stepped:
+                continue
             t = time.perf_counter()
             ref = references.get(split_method(m, cfg.quant)[1], references.get(cfg.quant))
             tokens, stats = runners.run(m, batch, ref)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from paradec import companions, methods
+from paradec.bench.lockstep import lockstep
 from paradec.bench.peers import PEERS, HFPeer, LlamaCppPeer, method_needs, own_loop, split_method
 from paradec.config import AcceptConfig
 from paradec.draft.oracle import OracleDrafter
@@ -120,6 +121,23 @@ class Runners:
         if own_loop(method):  # its own text (ASPD: markup is overhead, not output)
             return [engine.tokenizer.encode(g.text) for g in out], [g.stats for g in out]
         return [g.token_ids for g in out], [g.stats for g in out]
+
+    def steppable(self, method: str) -> bool:
+        """Whether ``method`` decodes on the default engine's scheduler (``lockstep`` can step it)."""
+        base, quant = split_method(method, self.cfg.quant)
+        return base not in PEERS and quant == self.cfg.quant and not own_loop(method)
+
+    def lockstep(self, names: list[str], batch: list[list[int]]) -> dict[str, tuple]:
+        """``names`` (``steppable``) on the one prompt of ``batch``, one step of each in turn, each
+        with its own draft budget -> name -> (its own seconds, [tokens], [stats])."""
+        opts = {k: v for k, v in self.options().items() if k != "max_new_tokens"}
+        methods = {}
+        for name in names:
+            base = split_method(name)[0]
+            methods[name] = {"method": base, **method_options(base, self.cfg.options), **opts}
+            self._budgets.setdefault(name, self.engine.own_budget())
+        outs = lockstep(self.engine, batch[0], methods, self.cfg.max_new_tokens, self._budgets)
+        return {name: (o.stats.wall_s, [o.token_ids], [o.stats]) for name, o in outs.items()}
 
     def _generate(self, engine, batch: list[list[int]], opts: dict):
         out = engine.generate(batch, **opts, **self.options())

@@ -122,6 +122,12 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=bd["seed"])
     b.add_argument("--stop-at-eos", action="store_true", help="let EOS end a text (default: fixed length)")
     b.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="batch 1: decode the methods of the default format one step of each in turn, as the demo "
+        "does (the machine's drift falls on all alike); peers and other formats run whole around them",
+    )
+    b.add_argument(
         "--oracle-depth",
         type=int,
         default=bd["oracle_depth"],
@@ -248,6 +254,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         quant=args.quant,
         quant_head=args.quant_head,
         threads=args.threads,
+        lockstep=args.lockstep,
     )
     result = run_bench(cfg)
     print(write_outputs(result, args.out))

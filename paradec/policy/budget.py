@@ -42,6 +42,8 @@ from itertools import accumulate
 from paradec.cpu import PassCost
 from paradec.policy.dynamic import HURDLE, CurveLatency, LatencyModel
 from paradec.tree.proposal import Proposal
+from paradec.tree.shadow import Shadow
+from paradec.tree.tree import TokenTree
 
 PRIOR_ACCEPT = 0.6  # the prior chance of a chain's node d is PRIOR_ACCEPT x node d - 1's rate ...
 PRIOR_WEIGHT = 2.0  # ... worth this many observations
@@ -155,6 +157,38 @@ class BatchBudget:
         """A row's verdict: of its tree (``proposed`` nodes past the root, cut to ``offered``),
         the nodes ``accepted`` (indices, root excluded) were on the accepted path."""
         self.accept.observe((method, size_class(proposed)), offered, accepted)
+
+    def score(
+        self,
+        method: str,
+        tree: TokenTree,
+        verified: int,
+        accepted: list[int],
+        committed: list[int],
+        pending: list[Shadow],
+    ) -> list[Shadow]:
+        """A row's step: ``tree`` as ``method`` proposed it, its first ``verified`` nodes verified,
+        ``accepted`` (node indices past the root) on the accepted path, ``committed`` the tokens the
+        row took; ``pending``: its earlier cut trees not yet scored -> those still pending. A tree
+        verified whole is scored at once; a cut one by the tokens the row commits now and at the
+        next steps (greedy: the target's own), so the nodes the cut left out count too, without a
+        pass padded to verify them. Earlier trees read this step's tokens first."""
+        still = []
+        for shadow in pending:
+            if shadow.feed(committed):
+                self.observe(*shadow.key, shadow.nodes, shadow.path)
+            else:
+                still.append(shadow)
+        proposed = len(tree) - 1
+        if verified == len(tree):
+            self.observe(method, proposed, proposed, accepted)
+            return still
+        shadow = Shadow((method, proposed), tree)
+        if shadow.feed(committed):
+            self.observe(method, proposed, proposed, shadow.path)
+        else:
+            still.append(shadow)
+        return still
 
     def observe_pass(self, positions: int, seconds: float) -> None:
         self.latency.observe(positions, seconds)
