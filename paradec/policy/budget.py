@@ -14,7 +14,7 @@ r(M, S, n) is the learned chance that node n of a tree that method M proposed wi
 on the accepted path (for a chain, node n is depth n; EAGLE ranks its nodes by draft confidence;
 prompt lookup proposes further on a longer match, so S carries the match's confidence). Every
 node proposed is scored, verified or not: the nodes a cut left out by the tokens the row commits
-next (``tree.shadow``; the scheduler feeds them), so the budget needs no pass padded past what
+next (``score``, ``tree.shadow``), so the budget needs no pass padded past what
 pays to learn whether more would (it used to verify 2 more nodes every 16 quiet steps: on 2 AVX2
 cores a pass of 3 nodes costs 1.6 plain ones, 4 % of the time of methods that never paid).
 Trees are cut to their first W nodes: parents come before children, so a prefix of a tree is a
