@@ -272,6 +272,38 @@ def test_a_chain_accepted_whole_looks_one_node_further():
     assert choose(stats, row, [Option("pld", 8, 4)], 1).width == 3
 
 
+def test_a_rows_own_counts_forget_with_its_steps():
+    """A row's rates are its own counts, each weighed ROW_DECAY ** (steps since), over the
+    engine's: written out and compared with what ``RowStats`` keeps (which weighs new counts more
+    instead of touching the old ones), over 2,000 random steps (past its rescaling, every ~650)."""
+    import random
+
+    rng = random.Random(0)
+    stats = AutoStats(steep_curve())
+    row = RowStats(stats.accept)
+    seen = []  # (step, key, offered, accepted)
+    for step in range(2000):
+        if rng.random() < 0.6:
+            key = ("pld", rng.randint(1, 3))
+            offered = rng.randint(1, 4)
+            accepted = list(range(1, rng.randint(0, offered) + 1))
+            row.observe(key, offered, accepted)
+            seen.append((step, key, offered, accepted))
+        row.tick()
+        if step % 97 == 0 or step == 1999:
+            for key in {k for _, k, _, _ in seen}:
+                hits, trials = [0.0] * 4, [0.0] * 4
+                for when, k, offered, accepted in seen:
+                    if k == key:
+                        w = policy.ROW_DECAY ** (step + 1 - when)
+                        for n in range(1, offered + 1):
+                            trials[n - 1] += w
+                            hits[n - 1] += w * (n in accepted)
+                shared = stats.accept.rates(key, 4)
+                want = [(h + policy.ROW_WEIGHT * p) / (t + policy.ROW_WEIGHT) for h, t, p in zip(hits, trials, shared)]
+                assert row.rates(key, 4) == pytest.approx(want, rel=1e-9, abs=1e-12), (step, key)
+
+
 def test_a_rows_own_text_moves_its_choice():
     stats = AutoStats(steep_curve())
     learned(stats, "pld", 1, 0.3)

@@ -70,6 +70,7 @@ class Acceptance:
         self.priors = priors or {}  # key[0] (who drafted) -> its first node's prior, where not PRIOR_ACCEPT
         self.hits: dict[tuple, float] = defaultdict(float)  # (key, node) -> on the accepted path
         self.trials: dict[tuple, float] = defaultdict(float)  # (key, node) -> verified
+        self.nodes: dict[tuple, range] = {}  # key -> its nodes seen (1..n)
 
     def rates(self, key: tuple, nodes: int) -> list[float]:
         """[rate of node 1, ..., node ``nodes``]. Node n's prior is PRIOR_ACCEPT times node n - 1's
@@ -91,16 +92,20 @@ class Acceptance:
         """Committed tokens of a tree whose first ``nodes`` nodes past the root are verified."""
         return 1.0 + sum(self.rates(key, nodes))
 
-    def observe(self, key: tuple, offered: int, accepted: list[int]) -> None:
-        """Nodes 1..``offered`` of a ``key`` tree were verified; ``accepted`` (indices) were on the path."""
-        for k in self.hits if self.decay != 1.0 else ():  # 1.0: counts that forget elsewhere (a row's tick)
-            if not self.per_key or k[0] == key:
+    def observe(self, key: tuple, offered: int, accepted: list[int], weight: float = 1.0) -> None:
+        """Nodes 1..``offered`` of a ``key`` tree were verified; ``accepted`` (indices) were on the
+        path. ``weight``: what the observation counts (a row's statistics forget by weighing the
+        new ones more, ``policy.auto.RowStats``)."""
+        if self.decay != 1.0:  # 1.0: counts that forget elsewhere (a row's tick)
+            for k in [(key, n) for n in self.nodes.get(key, ())] if self.per_key else self.hits:
                 self.hits[k] *= self.decay
                 self.trials[k] *= self.decay
         on_path = set(accepted)
         for n in range(1, offered + 1):
-            self.trials[(key, n)] += 1.0
-            self.hits[(key, n)] += n in on_path
+            self.trials[(key, n)] += weight
+            self.hits[(key, n)] += weight * (n in on_path)
+        if offered > len(self.nodes.get(key, ())):
+            self.nodes[key] = range(1, offered + 1)
 
 
 class BatchBudget:
