@@ -183,6 +183,39 @@ def test_a_declined_lookup_chain_is_scored_by_what_the_row_commits(engine, monke
     assert out.token_ids == ar and "pld" not in out.stats.drafters
 
 
+def test_a_chosen_chain_the_batch_cuts_is_still_scored(engine):
+    """The row chooses prompt lookup (learned at 90 %), the batch budget cuts every tree to the
+    root: the chains are scored, all their nodes, by the tokens the row commits next (a chain cut
+    to the root every step had left the row's statistics, and so its choice, as they were)."""
+    from paradec.policy.budget import BatchBudget
+
+    class RootOnly(BatchBudget):
+        def choose(self, trees, priced=()):
+            return 1
+
+    stats = AutoStats(PassCost.flat())
+    for matched in range(1, 5):
+        learned(stats, "pld", matched, 0.9)
+    seen = []
+    observe = stats.accept.observe
+    stats.accept.observe = lambda key, offered, accepted, weight=1.0: (
+        seen.append((key, offered, accepted)),
+        observe(key, offered, accepted, weight),
+    )
+    drafter = AutoDrafter({}, {}, NgramDrafter(4, 16, 1, per_match=4), stats, SamplingConfig())
+    ar = [g.token_ids for g in engine.generate(REPEATS, max_new_tokens=N_NEW, ignore_eos=True)]
+    budget, engine.budget = engine.budget, RootOnly(PassCost.flat())  # (a row alone keeps its own choice)
+    try:
+        out = engine.generate(REPEATS, method="auto", drafter=drafter, max_new_tokens=N_NEW, ignore_eos=True)
+    finally:
+        engine.budget = budget
+    assert [g.token_ids for g in out] == ar
+    assert all(g.stats.verified == g.stats.steps == N_NEW for g in out)  # the root alone, every step
+    assert sum(g.stats.drafters.get("pld", 0) for g in out) > N_NEW  # chosen, then cut
+    assert len(seen) > N_NEW and all(key[0] == "pld" for key, _, _ in seen)
+    assert sum(len(accepted) for _, _, accepted in seen) > N_NEW  # the repeating texts: many nodes on the path
+
+
 def _spy(calls: list, method):
     def wrapped(self, *args, **kwargs):
         calls.append(1)

@@ -18,7 +18,10 @@ observation of its context. The chain is a point mass, so "the committed token i
 one" happens with exactly the chance that verification would accept it, when sampling as in
 greedy mode; and it is read after the draws it scores, for later steps' choices only. Without
 it, a row that chose `ar` for a context never learned that on its text that context's chains
-are accepted.
+are accepted. The tree a row chose is scored the same way, whole, where greedy decoding or a
+lookup's point mass makes that exact: the part that its width or the batch's cut left out counts
+too (a chain the batch cut to the root at every step had left the row's statistics, and so its
+choice, as they were).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class AutoDrafter(DrafterHooks):
         self.shadows: list[list[Shadow]] = []  # per row: declined lookup chains not yet scored
         self.choices: list[Choice] = []  # per row: this step's choice
         self.trees: list[Proposal] = []  # per row: what it verified
+        self.whole: list[TokenTree] = []  # per row: the chosen drafter's tree before any cut
         self.batch = 1  # rows in the pass it proposes for (the scheduler's, not only this group's: ``joins``)
 
     @property
@@ -139,15 +143,17 @@ class AutoDrafter(DrafterHooks):
             drafted[name] = arm.propose(sequences, generators)
             if widths:  # a row's share: the arm's passes serve every row of the group at once
                 self.stats.observe_draft(name, (time.perf_counter() - t_arm) / len(sequences), len(sequences))
-        self.trees = []
+        self.trees, self.whole = [], []
         for b, (seq, c) in enumerate(zip(sequences, self.choices)):
             if c.drafter == "ar":
                 prop = Proposal.root_only(seq[-1])
             elif c.drafter in found:
-                prop = merge(seq[-1], [found[c.drafter][b][0]]).cut(c.width)
+                prop = merge(seq[-1], [found[c.drafter][b][0]])
             else:  # a drawn tree is verified whole: which draws are kept must not depend on their values
                 prop = drafted[c.drafter][b]
-                prop = prop.cut(c.width) if self.greedy else prop
+            self.whole.append(prop.tree)
+            if c.drafter != "ar" and (self.greedy or c.drafter in found):
+                prop = prop.cut(c.width)
             prop.source = c.drafter
             for name, rows in found.items():
                 chain, context = rows[b]
@@ -171,7 +177,12 @@ class AutoDrafter(DrafterHooks):
         # the batch budget may have verified less of it (``set_width``: the width it cut the pass to)
         offered = len(tree) - 1 if self.width is None else min(len(tree), self.width) - 1
         self.rows[row].tick()
-        if c.drafter != "ar" and offered > 0:
+        if c.drafter != "ar" and (self.greedy or c.drafter in self.lookups):
+            # what it and the batch cut off too is scored by the tokens that follow (greedy, or a
+            # lookup's point mass: exactly as verifying it would have): a chain cut to the root
+            # every step had kept its statistics, and so its choice, as they were
+            self.shadows[row].append(Shadow((c.drafter, c.context), self.whole[row]))
+        elif c.drafter != "ar" and offered > 0:
             self.rows[row].observe((c.drafter, c.context), offered, walk(tree, accepted))
         pending, committed = [], [*accepted, bonus]
         for shadow in self.shadows[row]:
