@@ -77,7 +77,7 @@ class AutoDrafter(DrafterHooks):
         self.feats: list[list[torch.Tensor]] | None = None
         self.greedy = sampling.greedy
         self.rows: list[RowStats] = []
-        self.shadows: list[list[Shadow]] = []  # per row: declined lookup chains not yet scored
+        self.shadows: list[list[Shadow]] = []  # per row: trees (declined or cut) not yet scored
         self.choices: list[Choice] = []  # per row: this step's choice
         self.trees: list[Proposal] = []  # per row: what it verified
         self.whole: list[TokenTree] = []  # per row: the chosen drafter's tree before any cut
@@ -174,16 +174,14 @@ class AutoDrafter(DrafterHooks):
             else:  # hidden [len(accepted) + 1, hidden]: the features before the accepted tokens and the bonus
                 self.feats[row].append(hidden[: len(accepted) + 1])
         c, tree = self.choices[row], self.trees[row].tree
-        # the batch budget may have verified less of it (``set_width``: the width it cut the pass to)
-        offered = len(tree) - 1 if self.width is None else min(len(tree), self.width) - 1
         self.rows[row].tick()
         if c.drafter != "ar" and (self.greedy or c.drafter in self.lookups):
-            # what it and the batch cut off too is scored by the tokens that follow (greedy, or a
+            # whole, what it and the batch cut off too, by the tokens that follow (greedy, or a
             # lookup's point mass: exactly as verifying it would have): a chain cut to the root
             # every step had kept its statistics, and so its choice, as they were
             self.shadows[row].append(Shadow((c.drafter, c.context), self.whole[row]))
-        elif c.drafter != "ar" and offered > 0:
-            self.rows[row].observe((c.drafter, c.context), offered, walk(tree, accepted))
+        elif c.drafter != "ar" and len(tree) > 1:  # a drawn tree, verified whole: its verdict
+            self.rows[row].observe((c.drafter, c.context), len(tree) - 1, walk(tree, accepted))
         pending, committed = [], [*accepted, bonus]
         for shadow in self.shadows[row]:
             if shadow.feed(committed):
