@@ -39,7 +39,7 @@ from paradec.draft.ngram import NgramDrafter
 from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose_group
 from paradec.state import StepReport
 from paradec.tree.proposal import DraftTree, Proposal, merge
-from paradec.tree.shadow import Shadow, walk
+from paradec.tree.shadow import Shadow, settle, walk
 from paradec.tree.tree import TokenTree
 
 
@@ -182,13 +182,7 @@ class AutoDrafter(DrafterHooks):
             self.shadows[row].append(Shadow((c.drafter, c.context), self.whole[row]))
         elif c.drafter != "ar" and len(tree) > 1:  # a drawn tree, verified whole: its verdict
             self.rows[row].observe((c.drafter, c.context), len(tree) - 1, walk(tree, accepted))
-        pending, committed = [], [*accepted, bonus]
-        for shadow in self.shadows[row]:
-            if shadow.feed(committed):
-                self.rows[row].observe(shadow.key, shadow.nodes, shadow.path)
-            else:
-                pending.append(shadow)
-        self.shadows[row] = pending
+        self.shadows[row] = settle(self.shadows[row], [*accepted, bonus], self.rows[row].observe)
 
     def observe(self, step: StepReport) -> None:
         # the pass as it was (every row padded to its widest tree); accepting and committing

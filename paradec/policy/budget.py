@@ -42,7 +42,7 @@ from itertools import accumulate
 from paradec.cpu import PassCost
 from paradec.policy.dynamic import HURDLE, CurveLatency, LatencyModel
 from paradec.tree.proposal import Proposal
-from paradec.tree.shadow import Shadow
+from paradec.tree.shadow import Shadow, settle
 from paradec.tree.tree import TokenTree
 
 PRIOR_ACCEPT = 0.6  # the prior chance of a chain's node d is PRIOR_ACCEPT x node d - 1's rate ...
@@ -178,21 +178,11 @@ class BatchBudget:
         verified whole is scored at once; a cut one by the tokens the row commits now and at the
         next steps (greedy: the target's own), so the nodes the cut left out count too, without a
         pass padded to verify them. Earlier trees read this step's tokens first."""
-        still = []
-        for shadow in pending:
-            if shadow.feed(committed):
-                self.observe(*shadow.key, shadow.nodes, shadow.path)
-            else:
-                still.append(shadow)
-        proposed = len(tree) - 1
-        if verified == len(tree):
+        proposed, whole = len(tree) - 1, verified == len(tree)
+        mine = [] if whole else [Shadow((method, proposed), tree)]
+        still = settle([*pending, *mine], committed, lambda key, nodes, path: self.observe(*key, nodes, path))
+        if whole:
             self.observe(method, proposed, proposed, accepted)
-            return still
-        shadow = Shadow((method, proposed), tree)
-        if shadow.feed(committed):
-            self.observe(method, proposed, proposed, shadow.path)
-        else:
-            still.append(shadow)
         return still
 
     def observe_pass(self, positions: int, seconds: float) -> None:

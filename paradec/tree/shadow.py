@@ -11,6 +11,7 @@ verification would accept it.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paradec.tree.tree import TokenTree
@@ -60,3 +61,18 @@ def walk(tree: TokenTree, tokens: list[int]) -> list[int]:
     shadow = Shadow((), tree)
     shadow.feed(tokens)
     return shadow.path
+
+
+def settle(
+    pending: list[Shadow], committed: list[int], observe: Callable[[tuple, int, list[int]], None]
+) -> list[Shadow]:
+    """Feeds a row's ``committed`` tokens to its ``pending`` trees (oldest first); each one whose
+    walk has ended is observed as (its key, its nodes past the root, its path) -> the ones still
+    pending."""
+    still = []
+    for shadow in pending:
+        if shadow.feed(committed):
+            observe(shadow.key, shadow.nodes, shadow.path)
+        else:
+            still.append(shadow)
+    return still
