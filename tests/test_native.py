@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import paradec
-from paradec.models.native import library
+from paradec.models.native import library, pack_q4, pack_q8, q4_kernel, q8_kernel
 from paradec.tree import ScratchTree, pass_tensors
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler here: the torch path runs")
@@ -131,6 +131,29 @@ def test_quantized_linears_in_c(checkpoints, quant, monkeypatch):
     _pass(model, cache, torch.tensor([[3]]), torch.tensor([[3]]), None)
     # the decode pass's layers in one call, then the head (int8 by default)
     assert calls[4 * model.config.num_layers :] == ["pd_layers"] + [name] * (quant == "int8")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_layout_groups_of_eight(dtype):
+    """The kernels' layouts (``pack_q4``, ``pack_q8``: outputs in groups of 8, one a vector lane):
+    each output the product with its own weights, at every row count, and int8's last group
+    padded (13 outputs: a kernel that writes the padded lanes, or reads a group's bytes in
+    another order, is off by far more than the activations' int8 rounding)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 96, generator=g)  # [rows, in]
+    q8, s8 = torch.randint(-127, 128, (13, 96), generator=g, dtype=torch.int8), torch.rand(13, generator=g) / 50
+    q4, d4 = torch.randint(0, 16, (16, 96), generator=g), torch.rand(16, 3, generator=g) / 50
+    m4 = -8 * d4 + torch.rand(16, 3, generator=g) / 100
+    cases = [
+        (q8_kernel(*pack_q8(q8, s8), None, 13), q8.float() * s8[:, None]),
+        (q4_kernel(*pack_q4(q4, d4, m4), None), q4.float() * d4.repeat_interleave(32, 1) + m4.repeat_interleave(32, 1)),
+    ]
+    for kernel, w in cases:
+        y = kernel(x.to(dtype))
+        assert y.dtype == dtype and y.shape == (6, len(w))
+        want = x.to(dtype).float() @ w.T
+        assert ((y.float() - want).norm() / want.norm()).item() < 2e-2
+        assert torch.equal(y, torch.cat([kernel(x[i : i + 1].to(dtype)) for i in range(len(x))]))
 
 
 @pytest.mark.parametrize(

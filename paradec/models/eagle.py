@@ -99,7 +99,7 @@ class EagleHead(nn.Module):
             if self.vocab is not None:
                 at = self.vocab.to(w.device)
                 w, s = w[at], s[at]
-            mm, dtype = native_mod.q8_kernel(w.contiguous(), s.float().contiguous(), None), self.dtype
+            mm, dtype = native_mod.q8_kernel(*native_mod.pack_q8(w, s.float()), None, len(w)), self.dtype
 
             def logits(f: torch.Tensor) -> torch.Tensor:
                 return mm(f.to(dtype)).float()

@@ -36,8 +36,8 @@ static inline void st(void* p, int64_t i, float v, int dt) {
 
 static inline float rnd(float v, int dt) { return dt ? from_bf16(to_bf16(v)) : v; }
 
-/* One quantized linear: kind 4 (int4: w = d q + m, q [n_out, n_in / 2] packed, d and m
-   [n_out, n_in / 32] fp32) or 8 (int8: w = d q, q [n_out, n_in] int8, d [n_out] fp32; m NULL);
+/* One quantized linear: kind 4 (int4: w = d q + m in groups of 8 outputs, q [n_out / 8, n_in / 32,
+   128] packed, d and m [n_out / 8, n_in / 32, 8] fp32: ``pack_q4``) or 8 (int8: w = d q, q [n_out, n_in] int8, d [n_out] fp32; m NULL);
    bias [n_out] in the activations' dtype, or NULL. */
 typedef struct {
   int64_t kind, n_in, n_out;

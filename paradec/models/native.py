@@ -171,24 +171,47 @@ def q4_kernel(
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """An int4 linear (w = d q + m in blocks of 32 along the input) in C, for decode passes:
     x [..., in] bf16 or fp32 -> [..., out] in x's dtype. q [out, in / 2] uint8 (``pack_q4``), d and
-    m [out, in / 32] fp32. Each row of x is quantized to int8 in blocks of 32 (``native_mm.c``)."""
+    m [out / 8, in / 32, 8] fp32 (``pack_q4`` makes all three). Each row of x is quantized to int8
+    in blocks of 32 (``native_mm.c``)."""
     return _quantized_kernel("pd_q4_linear", (q, d, m), 2 * q.shape[1], q.shape[0], bias)
 
 
 def q8_kernel(
-    q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, n_out: int
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """An int8 linear (w = scale q, one scale an output) in C, for decode passes: x [..., in] bf16
-    or fp32 -> [..., out] in x's dtype. q [out, in] int8, scale [out] fp32; in % 32 == 0."""
-    return _quantized_kernel("pd_q8_linear", (q, scale), q.shape[1], q.shape[0], bias)
+    or fp32 -> [..., n_out] in x's dtype. q [n_out rounded up to 8, in] int8 and scale [the same]
+    fp32 as ``pack_q8`` makes them; in % 32 == 0."""
+    return _quantized_kernel("pd_q8_linear", (q, scale), q.shape[1], n_out, bias)
 
 
-def pack_q4(q: torch.Tensor) -> torch.Tensor:
-    """q [out, in] ints in 0..15 -> [out, in / 2] uint8, the C kernel's layout: in each block of 32,
-    byte j holds weight j (low nibble) and weight j + 16 (high)."""
+def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [out, in] ints in 0..15, d and m [out, in / 32] -> the C kernel's layout (``q4_tile`` in
+    ``native_mm.c``), outputs in groups of 8 (out % 8 == 0): q [out, in / 2] uint8 holding, for each
+    group and block of 32 inputs, 4 x 32 bytes, the h-th 32 being 4 bytes a column (low nibbles:
+    its weights 4h..4h+3 of the block, high: 16+4h..16+4h+3); d and m [out / 8, in / 32, 8] fp32."""
     out, n_in = q.shape
-    g = q.reshape(out, n_in // 32, 32).to(torch.uint8)
-    return (g[..., :16] | (g[..., 16:] << 4)).reshape(out, n_in // 2).contiguous()
+    blocks = n_in // 32
+    g = q.reshape(out // 8, 8, blocks, 2, 4, 4).to(torch.uint8)  # (group, column, block, half, h, t)
+    g = g.permute(0, 2, 4, 1, 5, 3)  # (group, block, h, column, t, half)
+    packed = (g[..., 0] | (g[..., 1] << 4)).reshape(out, n_in // 2).contiguous()
+    d, m = (t.float().reshape(out // 8, 8, blocks).transpose(1, 2).contiguous() for t in (d, m))
+    return packed, d, m
+
+
+def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [out, in] int8 and scale [out] -> the C kernel's layout (``q8_tile`` in ``native_mm.c``),
+    outputs in groups of 8, the last padded with zero weights: q [out rounded up to 8, in] int8
+    holding, for each group and block of 32 inputs, 8 x 32 bytes, the h-th 32 being 4 bytes a
+    column (its weights 4h..4h+3 of the block); scale [out rounded up to 8] fp32."""
+    out, n_in = q.shape
+    groups = -(-out // 8)
+    padded = q.new_zeros(groups * 8, n_in)
+    padded[:out] = q
+    g = padded.reshape(groups, 8, n_in // 32, 8, 4).permute(0, 2, 3, 1, 4)  # (group, block, h, column, t)
+    s = scale.new_zeros(groups * 8, dtype=torch.float32)
+    s[:out] = scale
+    return g.reshape(groups * 8, n_in).contiguous(), s
 
 
 def _checked(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -62,6 +62,10 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.prefill_linear: nn.Module | None = None  # dense weights for prompt passes (``dense_linear``)
         self.native_prefill = False  # without them, prompt passes take ``native_kernel()`` where it runs
+        # the C kernel's form (``models.native``; made by the first ``native_kernel()``): q and the
+        # scales fp32 in its order (``native.pack_q8``)
+        self.register_buffer("native_q", None, persistent=False)
+        self.register_buffer("native_s", None, persistent=False)
 
     @classmethod
     def from_linear(cls, layer: nn.Linear, prefill: str | None = None) -> Int8Linear:
@@ -87,7 +91,9 @@ class Int8Linear(nn.Module):
         llama.cpp's Q8_0 x Q8_0), or None where this machine or layer cannot take it."""
         if self.in_features % INT4_GROUP or not self.weight.is_cpu or not native_mod.available():
             return None
-        return native_mod.q8_kernel(self.weight.contiguous(), self.scales.float().contiguous(), self.bias)
+        if self.native_q is None:  # its layout, made once: a second copy of the weights (``weight`` stays torch's)
+            self.native_q, self.native_s = native_mod.pack_q8(self.weight, self.scales.float())
+        return native_mod.q8_kernel(self.native_q, self.native_s.float().contiguous(), self.bias, self.out_features)
 
     def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """This layer's product as a closure over its tensors: [..., in] -> [..., out]."""
@@ -119,7 +125,7 @@ class Int4Linear(nn.Module):
         self.prefill_linear: nn.Module | None = None  # dense weights for prompt passes (``dense_linear``)
         self.native_prefill = False  # without them, prompt passes take ``native_kernel()`` where it runs
         # the C kernel's form (``models.native``; set by ``from_linear`` where it runs): the same q,
-        # nibbles in its order [out, in / 2], and d, m [out, in / group] fp32 (w = d q + m, unrounded)
+        # and d, m fp32 (w = d q + m, unrounded), in its order (``native.pack_q4``)
         self.register_buffer("native_q", None, persistent=False)
         self.register_buffer("native_d", None, persistent=False)
         self.register_buffer("native_m", None, persistent=False)
@@ -165,7 +171,7 @@ class Int4Linear(nn.Module):
         bias = None if layer.bias is None else layer.bias.detach().clone()
         out = cls(packed, scales_zeros.to(layer.weight.dtype), bias, layer.in_features, layer.out_features)
         if native_mod.available() and layer.weight.is_cpu:
-            out.native_q, out.native_d, out.native_m = native_mod.pack_q4(q), scale.contiguous(), lo.contiguous()
+            out.native_q, out.native_d, out.native_m = native_mod.pack_q4(q, scale, lo)
         if prefill is not None:  # the weights the kernel multiplies by: (q - 8) * scale + zero, from the stored bf16
             s, z = scales_zeros.float().transpose(0, 1).unbind(-1)  # [out, groups] each
             groups = q.float().reshape(q.shape[0], -1, INT4_GROUP)
