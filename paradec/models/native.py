@@ -8,8 +8,8 @@ layer as three C calls and the layer's four linears. Of the rest, most was torch
 which decodes every 4-bit weight to a float for each row: int4 and int8 layers (and the LM head)
 take C kernels too (``q4_kernel``, ``q8_kernel``), which quantize each row of activations to int8
 in blocks of 32 and take exact integer dot products a block, as llama.cpp's Q4_1 x Q8_1 and Q8_0 x
-Q8_0 do: 2.5x torch's kernel at one row, 1.3-1.8x at 8-16 (2 cores, AVX2). bf16 and fp32 linears
-stay torch's. Where every linear of the layers is such a kernel, a pass runs all its layers in one
+Q8_0 do, but on 8 columns at once (``pack_q4``, ``pack_q8``: the weights' columns interleaved in
+groups of 8, one a vector lane; int4 2x a column at a time). bf16 and fp32 linears stay torch's. Where every linear of the layers is such a kernel, a pass runs all its layers in one
 C call (``native_layers.c``, one OpenMP region, ``LayerTable``): ~240 calls a pass, each with
 Python, ctypes and an OpenMP fork around it, had cost 2.3 ms of a 9.1 ms int4 `ar` pass.
 
