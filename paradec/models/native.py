@@ -9,9 +9,10 @@ which decodes every 4-bit weight to a float for each row: int4 and int8 layers (
 take C kernels too (``q4_kernel``, ``q8_kernel``), which quantize each row of activations to int8
 in blocks of 32 and take exact integer dot products a block, as llama.cpp's Q4_1 x Q8_1 and Q8_0 x
 Q8_0 do, but on 8 columns at once (``pack_q4``, ``pack_q8``: the weights' columns interleaved in
-groups of 8, one a vector lane; int4 2x a column at a time). bf16 and fp32 linears stay torch's. Where every linear of the layers is such a kernel, a pass runs all its layers in one
-C call (``native_layers.c``, one OpenMP region, ``LayerTable``): ~240 calls a pass, each with
-Python, ctypes and an OpenMP fork around it, had cost 2.3 ms of a 9.1 ms int4 `ar` pass.
+groups of 8, one a vector lane; int4 2x a column at a time). bf16 and fp32 linears stay torch's.
+Where every linear of the layers is such a kernel, a pass runs all its layers in one C call
+(``native_layers.c``, one OpenMP region, ``LayerTable``): ~240 calls a pass, each with Python,
+ctypes and an OpenMP fork around it, had cost 2.3 ms of a 9.1 ms int4 `ar` pass.
 
 The C code is compiled on first use with the system's C compiler (``cc``, or ``$CC``) into
 ``$PARADEC_HOME/native`` (one library per source, compiler and CPU), ~2 s, with OpenMP where the
