@@ -59,7 +59,7 @@ def test_auto_prices_its_rows_and_the_batch_cuts_them(engine):
     engine.budget = Fixed(2)
     try:
         out = engine.generate(PROMPTS, method="auto", max_new_tokens=40, ignore_eos=True)
-        trials = dict(engine.policies[("auto",)].accept.trials)  # (drafter, context), node -> times verified
+        trials = dict(engine.policies[("auto",)].accept.trials)  # (drafter, context) -> times verified, by node
         solo = engine.generate(PROMPTS[0], method="auto", max_new_tokens=40, ignore_eos=True)
         priced = [tables for tables in engine.budget.priced if tables]
     finally:
@@ -69,7 +69,7 @@ def test_auto_prices_its_rows_and_the_batch_cuts_them(engine):
     assert any(len(t) > 2 for tables in priced for t in tables)  # a row wanted more than the cut
     assert all(t[0] == 1.0 and t == sorted(t) for tables in priced for t in tables)  # tokens expected by width
     assert all(g.stats.verified <= g.stats.steps * 2 for g in out)
-    assert max(n for (_, n), v in trials.items() if v > 0) > 1  # cut to 2 nodes, scored past them
+    assert max(n for counts in trials.values() for n, v in enumerate(counts, 1) if v > 0) > 1  # cut to 2, scored past
 
 
 def test_the_budget_is_asked_at_batch_1_but_never_when_sampling(engine):

@@ -104,19 +104,30 @@ class AutoStats:
 
     def __post_init__(self) -> None:
         self.latency = CurveLatency(self.curve) if self.curve is not None else LatencyModel()
-        self._pass_s: dict[int, float] = {}  # positions -> predicted seconds, until the next observation
+        self._shares: dict[int, list[float]] = {}  # batch -> ``shares``, until the next observation
 
     def pass_s(self, positions: int) -> float:
         if self.frozen:  # no measurement of any kind (this CPU's curve neither): every width costs the same
             return 1.0
-        if positions not in self._pass_s:
-            self._pass_s[positions] = self.latency.predict(positions)
-        return self._pass_s[positions]
+        return self.latency.predict(positions)
+
+    def shares(self, batch: int, widest: int) -> list[float]:
+        """[0, T(batch) / batch, ..., T(widest * batch) / batch]: a row's share of a pass of ``batch``
+        rows that all pad to w tokens, for w = 1..``widest`` (at least; kept until the next pass)."""
+        got = self._shares.get(batch)
+        if got is None or len(got) <= widest:
+            if self.frozen or not isinstance(self.latency, CurveLatency):
+                got = [0.0, *(self.pass_s(batch * w) / batch for w in range(1, widest + 1))]
+            else:  # one scale for the step, each size's shaped curve kept across steps
+                scale, shaped = self.latency.scale(), self.latency.shaped
+                got = [0.0, *(max(scale * shaped(batch * w), 1e-9) / batch for w in range(1, widest + 1))]
+            self._shares[batch] = got
+        return got
 
     def observe_pass(self, positions: int, seconds: float) -> None:
         if not self.frozen:
             self.latency.observe(positions, seconds)
-            self._pass_s.clear()
+            self._shares.clear()
 
     def observe_overhead(self, seconds: float, decay: float = 0.9) -> None:
         """A row's share of a step's time outside the pass and the drafting (recent average)."""
@@ -185,15 +196,16 @@ class RowStats:
         if self.unit > 1e30:  # rescaled now and then (every ~650 steps), long before floats run out
             for counts in (self.own.hits, self.own.trials):
                 for k in counts:
-                    counts[k] /= self.unit
+                    counts[k] = [c / self.unit for c in counts[k]]
             self.unit = 1.0
 
     def rates(self, key: tuple, nodes: int) -> list[float]:
         """[rate of node 1, ..., node ``nodes``]: the row's own counts over the engine's rates."""
-        hits, trials, unit = self.own.hits, self.own.trials, self.unit
-        return [
-            (hits.get((key, n), 0.0) / unit + ROW_WEIGHT * prior) / (trials.get((key, n), 0.0) / unit + ROW_WEIGHT)
-            for n, prior in enumerate(self.shared.rates(key, nodes), 1)
+        shared, unit = self.shared.rates(key, nodes), self.unit
+        hits, trials = self.own.hits.get(key, ()), self.own.trials.get(key, ())
+        seen = min(nodes, len(trials))
+        return [(hits[n] / unit + ROW_WEIGHT * shared[n]) / (trials[n] / unit + ROW_WEIGHT) for n in range(seen)] + [
+            (0.0 / unit + ROW_WEIGHT * prior) / (0.0 / unit + ROW_WEIGHT) for prior in shared[seen:]
         ]
 
     def expected(self, key: tuple, nodes: int) -> float:
@@ -250,7 +262,8 @@ def _rank(
 
     It runs for every row at every step, so it keeps to plain floats and tuples (value, expected
     tokens, option, width) and builds a ``Choice`` only for what it returns."""
-    plain = (1.0 / (stats.pass_s(batch) / batch + stats.overhead), 1.0, None, 1)
+    share = stats.shares(batch, 1 + max((opt.size for opt in options), default=0))  # [w]: a row's pass seconds
+    plain = (1.0 / (share[1] + stats.overhead), 1.0, None, 1)
     best, runner_up, every = plain, None, [plain]
     bar = plain[0] * (1 + (0.0 if stats.frozen else stats.hurdle))  # what a drafting option must beat (HURDLE)
     for opt in options:
@@ -258,7 +271,7 @@ def _rank(
         gained = 0.0
         for w, rate in enumerate(row.rates((opt.drafter, opt.context), opt.size), 2):
             gained += rate
-            value = (1.0 + gained) / (stats.pass_s(batch * w) / batch + cost)
+            value = (1.0 + gained) / (share[w] + cost)
             every.append((value, 1.0 + gained, opt, w))
             if value > max(best[0], bar) * (1 + 1e-9):
                 best = every[-1]

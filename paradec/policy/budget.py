@@ -68,20 +68,21 @@ class Acceptance:
         # observation of the same key (auto: a drafter tried rarely keeps what was measured of it)
         self.per_key = per_key
         self.priors = priors or {}  # key[0] (who drafted) -> its first node's prior, where not PRIOR_ACCEPT
-        self.hits: dict[tuple, float] = defaultdict(float)  # (key, node) -> on the accepted path
-        self.trials: dict[tuple, float] = defaultdict(float)  # (key, node) -> verified
-        self.nodes: dict[tuple, range] = {}  # key -> its nodes seen (1..n)
+        # key -> [per node 1, 2, ...]: on the accepted path, and verified (lists: ``rates`` runs for
+        # every option of every row each step, and a key's nodes are read in order)
+        self.hits: dict[tuple, list[float]] = {}
+        self.trials: dict[tuple, list[float]] = {}
 
     def rates(self, key: tuple, nodes: int) -> list[float]:
         """[rate of node 1, ..., node ``nodes``]. Node n's prior is PRIOR_ACCEPT times node n - 1's
         rate (for a chain: the chance it is accepted given its parent was), so a chain that is
         accepted whole makes the next node look worth verifying before it ever was."""
+        hits, trials = self.hits.get(key, ()), self.trials.get(key, ())
+        seen = min(nodes, len(trials))
         out, parent = [], self.priors.get(key[0], PRIOR_ACCEPT) / PRIOR_ACCEPT  # node 1's prior: PRIOR_ACCEPT x this
-        for n in range(1, nodes + 1):
-            k = (key, n)
-            parent = (self.hits.get(k, 0.0) + PRIOR_ACCEPT * parent * PRIOR_WEIGHT) / (
-                self.trials.get(k, 0.0) + PRIOR_WEIGHT
-            )
+        for n in range(nodes):
+            h, t = (hits[n], trials[n]) if n < seen else (0.0, 0.0)
+            parent = (h + PRIOR_ACCEPT * parent * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT)
             out.append(parent)
         return out
 
@@ -97,15 +98,18 @@ class Acceptance:
         path. ``weight``: what the observation counts (a row's statistics forget by weighing the
         new ones more, ``policy.auto.RowStats``)."""
         if self.decay != 1.0:  # 1.0: counts that forget elsewhere (a row's tick)
-            for k in [(key, n) for n in self.nodes.get(key, ())] if self.per_key else self.hits:
-                self.hits[k] *= self.decay
-                self.trials[k] *= self.decay
+            for k in ([key] if key in self.hits else []) if self.per_key else self.hits:
+                self.hits[k] = [h * self.decay for h in self.hits[k]]
+                self.trials[k] = [t * self.decay for t in self.trials[k]]
+        hits, trials = self.hits.setdefault(key, []), self.trials.setdefault(key, [])
+        if offered > len(trials):
+            hits.extend([0.0] * (offered - len(hits)))
+            trials.extend([0.0] * (offered - len(trials)))
         on_path = set(accepted)
-        for n in range(1, offered + 1):
-            self.trials[(key, n)] += weight
-            self.hits[(key, n)] += weight * (n in on_path)
-        if offered > len(self.nodes.get(key, ())):
-            self.nodes[key] = range(1, offered + 1)
+        for n in range(offered):
+            trials[n] += weight
+            if n + 1 in on_path:
+                hits[n] += weight
 
 
 class BatchBudget:

@@ -176,6 +176,9 @@ class CurveLatency:
         self.recent: dict[int, float] = {}  # positions -> passes seen lately (weighted with ``decay``)
         self.shape: dict[int, list[float]] = {}  # positions -> [sum of seconds / scaled curve, passes]
         self._curve: dict[float, float] = {}  # positions -> the curve's seconds (auto asks ~20 a step)
+        # positions -> the curve times that size's factor: what changes with every pass is the scale
+        # alone, and a pass moves its own size's factor only (auto prices ~20 sizes a step)
+        self._shaped: dict[float, float] = {}
 
     def observe(self, positions: float, seconds: float) -> None:
         curve = self._at(positions)
@@ -193,14 +196,25 @@ class CurveLatency:
             sums = self.shape.setdefault(key, [0.0, 0.0])
             sums[0] = sums[0] * self.SHAPE_DECAY + seconds / (self.seconds / self.predicted * curve)
             sums[1] = sums[1] * self.SHAPE_DECAY + 1.0
+            for at in [at for at in self._shaped if round(at) == key]:
+                del self._shaped[at]
 
     def seen(self, positions: float) -> float:
         """How many recent passes of this size were observed (weighted)."""
         return self.recent.get(round(positions), 0.0)
 
     def predict(self, positions: float) -> float:
-        scale = self.seconds / self.predicted if self.predicted > 0 else 1.0
-        return max(scale * self._at(positions) * self._factor(positions), 1e-9)
+        return max(self.scale() * self.shaped(positions), 1e-9)
+
+    def scale(self) -> float:
+        """The drift: seconds = scale * ``shaped(positions)``."""
+        return self.seconds / self.predicted if self.predicted > 0 else 1.0
+
+    def shaped(self, positions: float) -> float:
+        """The curve at ``positions`` times that size's own factor (unscaled)."""
+        if positions not in self._shaped:
+            self._shaped[positions] = self._at(positions) * self._factor(positions)
+        return self._shaped[positions]
 
     def _factor(self, positions: float) -> float:
         ratio, passes = self.shape.get(round(positions), (0.0, 0.0))
