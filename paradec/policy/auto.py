@@ -104,30 +104,36 @@ class AutoStats:
 
     def __post_init__(self) -> None:
         self.latency = CurveLatency(self.curve) if self.curve is not None else LatencyModel()
-        self._shares: dict[int, list[float]] = {}  # batch -> ``shares``, until the next observation
+        self._shapes: dict[int, list[float]] = {}  # batch -> ``shares``' unscaled list
 
     def pass_s(self, positions: int) -> float:
         if self.frozen:  # no measurement of any kind (this CPU's curve neither): every width costs the same
             return 1.0
         return self.latency.predict(positions)
 
-    def shares(self, batch: int, widest: int) -> list[float]:
-        """[0, T(batch) / batch, ..., T(widest * batch) / batch]: a row's share of a pass of ``batch``
-        rows that all pad to w tokens, for w = 1..``widest`` (at least; kept until the next pass)."""
-        got = self._shares.get(batch)
-        if got is None or len(got) <= widest:
-            if self.frozen or not isinstance(self.latency, CurveLatency):
-                got = [0.0, *(self.pass_s(batch * w) / batch for w in range(1, widest + 1))]
-            else:  # one scale for the step, each size's shaped curve kept across steps
-                scale, shaped = self.latency.scale(), self.latency.shaped
-                got = [0.0, *(max(scale * shaped(batch * w), 1e-9) / batch for w in range(1, widest + 1))]
-            self._shares[batch] = got
-        return got
+    def shares(self, batch: int, widest: int) -> tuple[float, list[float]]:
+        """(scale, [0, s_1, ..., s_widest] at least): a row's share of a pass of ``batch`` rows that
+        all pad to w tokens is scale * s_w seconds. The list is kept across passes (a pass moves its
+        own size's factor only, ``CurveLatency``; the scale, each pass): `auto` prices every option
+        of every row with it, between passes, when the pass has evicted Python's data from the cache."""
+        if self.frozen:
+            return 1.0, [0.0, *([1.0 / batch] * widest)]
+        curve = isinstance(self.latency, CurveLatency)
+        got = self._shapes.setdefault(batch, [0.0])
+        shape = self.latency.shaped if curve else self.latency.predict
+        got.extend(shape(batch * w) / batch for w in range(len(got), widest + 1))
+        return (self.latency.scale() if curve else 1.0), got
 
     def observe_pass(self, positions: int, seconds: float) -> None:
         if not self.frozen:
             self.latency.observe(positions, seconds)
-            self._shares.clear()
+            if not isinstance(self.latency, CurveLatency):
+                self._shapes.clear()  # a fit of every size at once
+                return
+            for batch, got in self._shapes.items():  # the one size whose factor moved
+                w, left = divmod(positions, batch)
+                if not left and w < len(got):
+                    got[w] = self.latency.shaped(positions) / batch
 
     def observe_overhead(self, seconds: float, decay: float = 0.9) -> None:
         """A row's share of a step's time outside the pass and the drafting (recent average)."""
@@ -262,8 +268,9 @@ def _rank(
 
     It runs for every row at every step, so it keeps to plain floats and tuples (value, expected
     tokens, option, width) and builds a ``Choice`` only for what it returns."""
-    share = stats.shares(batch, 1 + max((opt.size for opt in options), default=0))  # [w]: a row's pass seconds
-    plain = (1.0 / (share[1] + stats.overhead), 1.0, None, 1)
+    widest = 1 + max((opt.size for opt in options), default=0)
+    scale, share = stats.shares(batch, widest)  # a row's share of a pass padded to w: scale * share[w]
+    plain = (1.0 / (scale * share[1] + stats.overhead), 1.0, None, 1)
     best, runner_up, every = plain, None, [plain]
     bar = plain[0] * (1 + (0.0 if stats.frozen else stats.hurdle))  # what a drafting option must beat (HURDLE)
     for opt in options:
@@ -271,7 +278,7 @@ def _rank(
         gained = 0.0
         for w, rate in enumerate(row.rates((opt.drafter, opt.context), opt.size), 2):
             gained += rate
-            value = (1.0 + gained) / (share[w] + cost)
+            value = (1.0 + gained) / (scale * share[w] + cost)
             every.append((value, 1.0 + gained, opt, w))
             if value > max(best[0], bar) * (1 + 1e-9):
                 best = every[-1]
