@@ -209,9 +209,11 @@ class RowStats:
         """[rate of node 1, ..., node ``nodes``]: the row's own counts over the engine's rates."""
         shared, unit = self.shared.rates(key, nodes), self.unit
         hits, trials = self.own.hits.get(key, ()), self.own.trials.get(key, ())
-        seen = min(nodes, len(trials))
-        return [(hits[n] / unit + ROW_WEIGHT * shared[n]) / (trials[n] / unit + ROW_WEIGHT) for n in range(seen)] + [
-            (0.0 / unit + ROW_WEIGHT * prior) / (0.0 / unit + ROW_WEIGHT) for prior in shared[seen:]
+        seen = len(trials)  # nodes past it: no counts of the row's own
+        return [
+            ((hits[n] if n < seen else 0.0) / unit + ROW_WEIGHT * prior)
+            / ((trials[n] if n < seen else 0.0) / unit + ROW_WEIGHT)
+            for n, prior in enumerate(shared)
         ]
 
     def expected(self, key: tuple, nodes: int) -> float:

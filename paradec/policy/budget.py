@@ -98,9 +98,10 @@ class Acceptance:
         path. ``weight``: what the observation counts (a row's statistics forget by weighing the
         new ones more, ``policy.auto.RowStats``)."""
         if self.decay != 1.0:  # 1.0: counts that forget elsewhere (a row's tick)
-            for k in ([key] if key in self.hits else []) if self.per_key else self.hits:
-                self.hits[k] = [h * self.decay for h in self.hits[k]]
-                self.trials[k] = [t * self.decay for t in self.trials[k]]
+            for k in [key] if self.per_key else list(self.hits):
+                if k in self.hits:
+                    self.hits[k] = [h * self.decay for h in self.hits[k]]
+                    self.trials[k] = [t * self.decay for t in self.trials[k]]
         hits, trials = self.hits.setdefault(key, []), self.trials.setdefault(key, [])
         if offered > len(trials):
             hits.extend([0.0] * (offered - len(hits)))
