@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import paradec
-from paradec.models.native import library, pack_q4, pack_q8, q4_kernel, q8_kernel
+from paradec.models.native import _cpu_signature, library, pack_q4, pack_q8, q4_kernel, q8_kernel
 from paradec.tree import ScratchTree, pass_tensors
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler here: the torch path runs")
@@ -154,6 +154,35 @@ def test_kernels_layout_groups_of_eight(dtype):
         want = x.to(dtype).float() @ w.T
         assert ((y.float() - want).norm() / want.norm()).item() < 2e-2
         assert torch.equal(y, torch.cat([kernel(x[i : i + 1].to(dtype)) for i in range(len(x))]))
+
+
+@pytest.mark.skipif(
+    not {"avx512_vnni", "avx_vnni"} & set(_cpu_signature().split()), reason="the CPU has no VNNI: one form only"
+)
+def test_vnni_kernels_equal_the_avx2_ones(monkeypatch):
+    """Where the CPU has VNNI, the kernels add their byte products with vpdpbusd; the integer sums
+    are the AVX2 form's, so every output is too, bit for bit (-DPD_NO_VNNI builds the AVX2 form)."""
+    from paradec.models import native
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 128, generator=g).to(torch.bfloat16)  # [rows, in]
+    q8, s8 = torch.randint(-127, 128, (24, 128), generator=g, dtype=torch.int8), torch.rand(24, generator=g) / 50
+    q4, d4 = torch.randint(0, 16, (24, 128), generator=g), torch.rand(24, 4, generator=g) / 50
+    m4 = -8 * d4 + torch.rand(24, 4, generator=g) / 100
+
+    def outputs():
+        native.build_key.cache_clear()
+        native.library.cache_clear()
+        kernels = (q8_kernel(*pack_q8(q8, s8), None, 24), q4_kernel(*pack_q4(q4, d4, m4), None))
+        return [k(x[:n]) for k in kernels for n in (1, 3, 5)]
+
+    vnni = outputs()
+    monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-DPD_NO_VNNI"))
+    avx2 = outputs()
+    monkeypatch.undo()
+    native.build_key.cache_clear()
+    native.library.cache_clear()
+    assert all(torch.equal(a, b) for a, b in zip(vnni, avx2))
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,22 @@ depends on the pass's shape, and an `ar` step and a verified tree agree bit for 
 #include <immintrin.h>
 
 #define QB 32 /* activations and int4 weights: one scale per block of 32 along the input */
+
+/* VNNI (AVX512-VNNI with VL, or AVX-VNNI): vpdpbusd adds 4 products of unsigned and signed bytes
+   to each int32 lane in one instruction, where AVX2 needs vpmaddubsw + vpmaddwd (+ an add). The
+   integer sums are the same (neither form saturates here), so the outputs are bit for bit those of
+   the AVX2 form (-DPD_NO_VNNI builds that form on any CPU: tests compare the two). */
+#if defined(PD_NO_VNNI)
+#define PD_VNNI 0
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define PD_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define PD_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#else
+#define PD_VNNI 0
+#endif
 #define NCHUNK 16 /* output columns a thread takes at a time */
 
 /* x [rows, k] (bf16 if dt, else fp32) -> qx [rows, k] int8, dx [rows, k / 32] (the blocks'
@@ -99,8 +115,8 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t* qx, cons
   __m256 acc[4];
   for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i s16[4];
-    for (int r = 0; r < MB; ++r) s16[r] = _mm256_setzero_si256();
+    __m256i s[4], s2[4]; /* int16 lanes in AVX2 (s2 unused); int32 with VNNI, low and high nibbles apart */
+    for (int r = 0; r < MB; ++r) s[r] = s2[r] = _mm256_setzero_si256();
     for (int h = 0; h < 4; ++h) {
       __m256i pk = _mm256_loadu_si256((const __m256i*)(q + b * 128 + 32 * h));
       __m256i lo = _mm256_and_si256(pk, low), hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), low);
@@ -109,14 +125,23 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t* qx, cons
         int32_t a, c;
         memcpy(&a, xb + 4 * h, 4);
         memcpy(&c, xb + 16 + 4 * h, 4);
-        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));
-        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(c)));
+#if PD_VNNI
+        s[r] = DPBUSD(s[r], lo, _mm256_set1_epi32(a));
+        s2[r] = DPBUSD(s2[r], hi, _mm256_set1_epi32(c));
+#else
+        s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));
+        s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(c)));
+#endif
       }
     }
     __m256 dv = _mm256_loadu_ps(d + b * 8), mv = _mm256_loadu_ps(m + b * 8);
     for (int r = 0; r < MB; ++r) {
-      __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r], ones));
-      acc[r] = _mm256_fmadd_ps(s, _mm256_mul_ps(dv, _mm256_set1_ps(dx[r * nb + b])), acc[r]);
+#if PD_VNNI
+      __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(s[r], s2[r]));
+#else
+      __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r], ones));
+#endif
+      acc[r] = _mm256_fmadd_ps(f, _mm256_mul_ps(dv, _mm256_set1_ps(dx[r * nb + b])), acc[r]);
       acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sx[r * nb + b]), acc[r]);
     }
   }
@@ -146,8 +171,12 @@ static inline __attribute__((always_inline)) void q8_tile(const int8_t* qx, cons
         int32_t a;
         memcpy(&a, qx + r * k + b * QB + 4 * h, 4);
         __m256i xb = _mm256_set1_epi32(a);
+#if PD_VNNI
+        s32[r] = DPBUSD(s32[r], _mm256_sign_epi8(xb, xb), _mm256_sign_epi8(w, xb));
+#else
         __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(xb, xb), _mm256_sign_epi8(w, xb));
         s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(p, ones));
+#endif
       }
     }
     for (int r = 0; r < MB; ++r)
