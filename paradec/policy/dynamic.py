@@ -269,6 +269,7 @@ class TreePolicy:
         self.prune_next = lower_share is not None
         self._order: list[tuple[tuple[int, ...], float]] | None = None
         self._order_version = self._order_n = -1
+        self._rank_gains: tuple = (None, None)  # ((stats version, recall), ``_gains`` of the rank order)
         self.calibration: Calibration | None = None  # set by drafters that score with it
         self._row_orders: dict[int, list[tuple[tuple[int, ...], float]]] = {}
         # sizes (and modes) tried first, to fit the latency models
@@ -306,18 +307,19 @@ class TreePolicy:
             return self.rng.choice(SIZES[1:])
         # best-first, so the top-n tree is a prefix of the top-max tree: one search per step
         # (per row with step scores), which ``paths`` reuses
-        orders = list(self._row_orders.values()) or [self._ordered()]
-        rows = 1 if self._row_orders else batch  # rank stats: every row expects the same
-        gain, gain_pruned = [0.0] * (max(SIZES) + 1), [0.0] * (max(SIZES) + 1)
-        for order in orders:
-            g = gp = 0.0
-            for n in range(1, max(SIZES) + 1):
-                if n <= len(order):
-                    path, score = order[n - 1]
-                    g += score
-                    gp += score * self.recall ** len(path)
-                gain[n] += g * rows
-                gain_pruned[n] += gp * rows
+        if self._row_orders:
+            rows = 1  # each row's own tree: the rows' expectations summed
+            gain, gain_pruned = [0.0] * (max(SIZES) + 1), [0.0] * (max(SIZES) + 1)
+            for order in self._row_orders.values():
+                for n, (g, gp) in enumerate(zip(*self._gains(order))):
+                    gain[n] += g
+                    gain_pruned[n] += gp
+        else:  # rank stats: every row expects the same, and the sums change with the statistics only
+            rows = batch
+            key = (self.stats.version, self.recall)
+            if self._rank_gains[0] != key:
+                self._rank_gains = (key, self._gains(self._ordered()))
+            gain, gain_pruned = self._rank_gains[1]
         best, best_rate, self.prune_next = 0, 0.0, False
         bar = 0.0  # what a size that drafts must beat: ``hurdle`` over drafting nothing
         for prune in (False, True) if can_prune else (False,):
@@ -325,13 +327,27 @@ class TreePolicy:
             for n in SIZES:
                 if prune and n == 0:
                     continue
-                rate = (batch + g[n]) / lat.predict(self.cost_tokens(batch, n + 1, pruned=prune))
+                rate = (batch + g[n] * rows) / lat.predict(self.cost_tokens(batch, n + 1, pruned=prune))
                 if rate > max(best_rate, bar):
                     best, best_rate, self.prune_next = n, rate, prune
                 if n == 0:
                     bar = rate * (1 + self.hurdle)
         self.last = best
         return best
+
+    def _gains(self, order: list[tuple[tuple[int, ...], float]]) -> tuple[list[float], list[float]]:
+        """Expected accepted nodes of the top-n tree of ``order`` for n = 0..max(SIZES), unpruned and
+        pruned (a node at depth d survives with recall**d)."""
+        gain, gain_pruned = [0.0], [0.0]
+        g = gp = 0.0
+        for n in range(1, max(SIZES) + 1):
+            if n <= len(order):
+                path, score = order[n - 1]
+                g += score
+                gp += score * self.recall ** len(path)
+            gain.append(g)
+            gain_pruned.append(gp)
+        return gain, gain_pruned
 
     def cost_tokens(self, batch: int, drafted: float, verified: float | None = None, pruned: bool = True) -> float:
         """Token-equivalents a pass costs (the latency model's x); ``verified`` defaults to the
