@@ -50,6 +50,12 @@ def run_demo(
     # moved each other's exploration and acceptance statistics (over 6 runs: `auto` 0.98x `ar`
     # shared, 1.06x own; `medusa` 0.89x, 0.93x; `eagle+ngram` 0.93x, 0.99x)
     budgets = {name: engine.own_budget() for name in methods}
+    # each method's one-time set-up (its drafter's first calls: weights packed for the C kernels,
+    # torch's first dispatch of each shape) falls outside the timed answers, as it does for every
+    # reply of a chat after its first: 4 tokens of another prompt, each method with its own budget.
+    # On the first prompt it had cost `medusa` and `propd` up to 0.35x of their speed in a fresh
+    # process (EPYC Zen 4)
+    lockstep(engine, engine.encode([{"role": "user", "content": "Hello!"}] if chat else "Hello!"), methods, 4, budgets)
     rows = []
     loaded = ", ".join(c.summary for c in loadable() if engine.companions.get(c.name)) or "no drafters"
     print(
