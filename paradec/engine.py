@@ -389,7 +389,9 @@ def settle_heap() -> None:
     libraries' objects. Each full pass had walked them all: 80-180 ms, 5 times in one demo run on
     an EPYC Zen 4, a stall on whichever decode step met it (a method 0.4-0.6x `ar` on that
     answer). Objects dropped later are still freed by reference counting; those in reference cycles
-    (a discarded engine's) wait until the next load, which unfreezes and collects first."""
+    (a discarded engine's) wait until the next load, which unfreezes and collects first. A cost:
+    ``gc.get_referrers`` no longer sees frozen referrers (Hypothesis's ``register_random`` then
+    warns, wrongly, that trio's generator may be collected)."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
