@@ -12,7 +12,7 @@ import paradec
 from paradec import cpu
 from paradec.cli import main
 from paradec.config import ModelConfig
-from paradec.cpu import PassCost, Profile
+from paradec.cpu import PassCost, Profile, timing
 
 
 def test_pass_cost_interpolates_and_extends_the_last_slope():
@@ -32,7 +32,7 @@ def test_a_burst_of_speed_in_one_round_does_not_bend_the_curve():
 
 def test_the_profile_is_measured_once_then_read_from_the_cache(llama_dir, tmp_path, monkeypatch):
     cfg = ModelConfig.from_dir(llama_dir)
-    monkeypatch.setattr(cpu, "_busy_seconds", lambda: 0.0)  # a quiet machine, whatever runs beside the tests
+    monkeypatch.setattr(timing, "_busy_seconds", lambda: 0.0)  # a quiet machine, whatever runs beside the tests
     first, path = cpu.profile(cfg, ("fp32", "bf16"), tmp_path)
     assert path.is_file() and set(first.costs) == {"fp32", "bf16"} and not first.noisy
     assert all(list(c.seconds) == sorted(c.seconds) for c in first.costs.values())  # wider never cheaper
@@ -47,7 +47,7 @@ def test_the_profile_is_measured_once_then_read_from_the_cache(llama_dir, tmp_pa
 
 def test_a_profile_measured_while_other_processes_run_is_not_cached(llama_dir, tmp_path, monkeypatch):
     clock = iter(range(0, 10**6, 50))  # the machine's busy CPU seconds jump by 50 s per reading
-    monkeypatch.setattr(cpu, "_busy_seconds", lambda: float(next(clock)))
+    monkeypatch.setattr(timing, "_busy_seconds", lambda: float(next(clock)))
     prof, path = cpu.profile(ModelConfig.from_dir(llama_dir), ("fp32",), tmp_path)
     assert prof.noisy and not path.exists() and "fp32" in prof.costs
 
@@ -160,10 +160,10 @@ def test_the_loaded_models_curve_is_measured_once_and_replaces_one_layers(llama_
 
     profile_path = tmp_path / "cpu-shape.json"
     clock = iter(range(0, 10**6, 50))  # other processes keep the machine busy: measured, not kept
-    monkeypatch.setattr(cpu, "_busy_seconds", lambda: float(next(clock)))
+    monkeypatch.setattr(timing, "_busy_seconds", lambda: float(next(clock)))
     busy = whole.whole_curve(engine.model, key, profile_path, reps=1)
     assert busy.measured and busy.widths == cpu.WIDTHS and not list(tmp_path.glob("*-whole-*.json"))
-    monkeypatch.setattr(cpu, "_busy_seconds", lambda: 0.0)
+    monkeypatch.setattr(timing, "_busy_seconds", lambda: 0.0)
     first = whole.whole_curve(engine.model, key, profile_path, reps=1)
     assert len(list(tmp_path.glob("cpu-shape-whole-*.json"))) == 1
 

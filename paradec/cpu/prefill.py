@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from paradec.cpu import BUSY_CORES, OthersWatch, _write_json
+from paradec.cpu.timing import BUSY_CORES, OthersWatch, _write_json
 from paradec.errors import ParadecError
 from paradec.models.native import signature as native_signature
 

@@ -10,7 +10,7 @@ so the drafters verified tokens that did not pay for themselves.
 
 So once the format is chosen and the model loaded, ``whole_curve`` times the model's own passes
 at the same widths (rounds interleaved over the widths, the shape from each round's ratios as in
-``paradec.cpu._curve``), ~5 s, and caches the curve beside the profile per CPU, model shape and
+``paradec.cpu.timing._curve``), ~5 s, and caches the curve beside the profile per CPU, model shape and
 what else decides the passes' cost (the LM head's format, packing, the exact numerics). The
 choice between runtimes (llama.cpp's `ar` or torch's) compares this curve with llama.cpp's, both
 whole passes: the one-layer level had put torch's `ar` step at 34 ms where its passes take 19.
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from paradec.cpu import BUSY_CORES, WIDTHS, OthersWatch, PassCost, _curve, _write_json, chain_inputs
+from paradec.cpu import WIDTHS, PassCost
+from paradec.cpu.timing import BUSY_CORES, OthersWatch, _curve, _write_json, chain_inputs
 from paradec.models.native import signature
 
 WHOLE_VERSION = 3  # part of the cache key: bump when what is measured changes (2: the decode plan; 3: C linears)

@@ -50,17 +50,8 @@ import numpy as np
 import torch
 
 from paradec.config import ModelConfig
-from paradec.cpu import (
-    BUSY_CORES,
-    CONTEXT,
-    PROFILE_VERSION,
-    WIDTHS,
-    OthersWatch,
-    PassCost,
-    _curve,
-    _write_json,
-    cpu_info,
-)
+from paradec.cpu import PROFILE_VERSION, WIDTHS, PassCost, cpu_info
+from paradec.cpu.timing import BUSY_CORES, CONTEXT, OthersWatch, _curve, _write_json
 from paradec.errors import ParadecError
 from paradec.models.gguf import file_digest
 from paradec.tree import TokenTree

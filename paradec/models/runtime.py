@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from paradec.cpu import FormatChoice, ParadecWarning, _write_json, cpu_info
+from paradec.cpu import FormatChoice, ParadecWarning, cpu_info
+from paradec.cpu.timing import _write_json
 from paradec.errors import ParadecError
 from paradec.models.gguf import file_digest, is_gguf, paradec_home
 from paradec.models.llamacpp import LlamaCppModel, build_id, crashes, llamacpp_cost
