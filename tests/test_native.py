@@ -58,43 +58,47 @@ def test_native_computes_the_torch_paths_model(checkpoints, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype, quant", [("fp32", "int8"), ("bf16", "none"), ("fp32", "int4"), ("bf16", "int4")])
-def test_a_tokens_bits_do_not_depend_on_the_pass(checkpoints, dtype, quant):
+@pytest.mark.parametrize("length", [8, 45])
+def test_a_tokens_bits_do_not_depend_on_the_pass(checkpoints, dtype, quant, length):
     """A token decoded alone (`ar` steps) == the same token inside a tree pass whose other
     nodes sit between it and its ancestors, at scattered slots, beside a second row of another
     length (the shapes a batched tree verification takes). fp32 activations show any 1-ulp
     difference (an attention score scaled by 1 + 2^-23 in passes of more than one token fails
     it), with int8 or int4 linears (their C kernels), whose rows do not depend on the row count
-    (fp32 GEMMs' do); bf16 is the format whose rounding greedy verification depends on."""
+    (fp32 GEMMs' do); bf16 is the format whose rounding greedy verification depends on. A
+    ``length``-token prompt: 45 puts the keys in every block size the attention scores at once
+    (32 and 8 for one query, 16 and 8 for four) and in the tails after them."""
     model = paradec.load(checkpoints["llama"], dtype=dtype, quant=quant).model
-    prompt = torch.tensor([[5, 17, 33, 80, 2, 9, 41, 7]])
+    prompt = torch.tensor([[5, 17, 33, 80, 2, 9, 41, 7] * (length // 8) + [5, 17, 33, 80, 2, 9, 41][: length % 8]])
     path = [3, 8, 13]
     cache = _prefilled(model, prompt)
     alone = []
     for i, tok in enumerate(path):  # `ar`: one token a pass, each committed
-        alone.append(_pass(model, cache, torch.tensor([[tok]]), torch.tensor([[8 + i]]), None)[0, -1])
+        alone.append(_pass(model, cache, torch.tensor([[tok]]), torch.tensor([[length + i]]), None)[0, -1])
         cache.advance(0, 1)
     # a tree: node 0 = path[0]; nodes 1, 2 = a sibling branch; node 3 = path[1] (child of 0);
     # node 4 = path[2] (child of 3)
     tree_nodes = ScratchTree()
     for token, parent in ((path[0], -1), (99, 0), (98, 1), (path[1], 0), (path[2], 3)):
         tree_nodes.add(token, parent)
-    nodes, pos, mask = pass_tensors([tree_nodes], 0, 5, [8])
+    nodes, pos, mask = pass_tensors([tree_nodes], 0, 5, [length])
     tree = _pass(model, _prefilled(model, prompt), nodes, pos, mask)[0]
     for got, want in zip((tree[0], tree[3], tree[4]), alone):
         assert torch.equal(got, want)
     # the same tree in row 1 of a batch whose row 0 has a longer prompt
-    long_prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]])
-    cache = model.new_cache(2, 40)
+    longer = length + 3
+    long_prompt = torch.arange(1, longer + 1)[None]
+    cache = model.new_cache(2, longer + 40)
     with cache.rows(0, 1) as sub, torch.inference_mode():
-        model.hidden(long_prompt, torch.arange(11)[None], None, sub, prefill=True)
-        sub.advance(0, 11)
+        model.hidden(long_prompt, torch.arange(longer)[None], None, sub, prefill=True)
+        sub.advance(0, longer)
     with cache.rows(1, 1) as sub, torch.inference_mode():
-        model.hidden(prompt, torch.arange(8)[None], None, sub, prefill=True)
-        sub.advance(0, 8)
+        model.hidden(prompt, torch.arange(length)[None], None, sub, prefill=True)
+        sub.advance(0, length)
     chain = ScratchTree()
     for i in range(5):
         chain.add(4, i - 1)
-    ids, positions, both = pass_tensors([chain, tree_nodes], 0, 5, [11, 8])
+    ids, positions, both = pass_tensors([chain, tree_nodes], 0, 5, [longer, length])
     batched = _pass(model, cache, ids, positions, both)[1]
     for got, want in zip((batched[0], batched[3], batched[4]), alone):
         assert torch.equal(got, want)
