@@ -147,6 +147,7 @@ static inline __m256 pd_exp8(__m256 x) {
     for (; j + 16 <= end; j += 16) {                                                       \
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
       for (int64_t d = 0; d < hd; ++d) {                                                   \
+        _mm_prefetch((const char*)(kt + d * ks + j + 64), _MM_HINT_T0); /* rows stride: no hardware prefetch */ \
         __m256 k = LOAD8(kt + d * ks + j), l = LOAD8(kt + d * ks + j + 8);                 \
         __m256 x0 = _mm256_set1_ps(q0[d]), x1 = _mm256_set1_ps(q0[hd + d]);                \
         __m256 x2 = _mm256_set1_ps(q0[2 * hd + d]), x3 = _mm256_set1_ps(q0[3 * hd + d]);   \
@@ -189,34 +190,25 @@ static inline __m256 pd_exp8(__m256 x) {
         out[(r + x) * end + j] = a;                                                        \
       }                                                                                    \
   }                                                                                        \
-  for (; r < rows; ++r) {                                                                  \
+  for (; r < rows; ++r) { /* d outermost: each key row streams in order (d innermost, every  \
+                            8 keys' FMA waited on a line of another 4-KB-strided row) */   \
     const float* qr = q + r * hd;                                                          \
-    int64_t j = 0;                                                                         \
-    for (; j + 32 <= end; j += 32) {                                                       \
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
-      for (int64_t d = 0; d < hd; ++d) {                                                   \
-        const T* kd = kt + d * ks + j;                                                     \
-        __m256 x = _mm256_set1_ps(qr[d]);                                                  \
-        a0 = _mm256_fmadd_ps(x, LOAD8(kd), a0);                                            \
-        a1 = _mm256_fmadd_ps(x, LOAD8(kd + 8), a1);                                        \
-        a2 = _mm256_fmadd_ps(x, LOAD8(kd + 16), a2);                                       \
-        a3 = _mm256_fmadd_ps(x, LOAD8(kd + 24), a3);                                       \
-      }                                                                                    \
-      _mm256_storeu_ps(out + r * end + j, a0);                                             \
-      _mm256_storeu_ps(out + r * end + j + 8, a1);                                         \
-      _mm256_storeu_ps(out + r * end + j + 16, a2);                                        \
-      _mm256_storeu_ps(out + r * end + j + 24, a3);                                        \
+    float* o = out + r * end;                                                              \
+    const int64_t full = end - end % 8;                                                    \
+    for (int64_t d = 0; d < hd; ++d) {                                                     \
+      const T* kd = kt + d * ks;                                                           \
+      __m256 x = _mm256_set1_ps(qr[d]);                                                    \
+      if (d == 0)                                                                          \
+        for (int64_t j = 0; j < full; j += 8)                                              \
+          _mm256_storeu_ps(o + j, _mm256_fmadd_ps(x, LOAD8(kd + j), _mm256_setzero_ps())); \
+      else                                                                                 \
+        for (int64_t j = 0; j < full; j += 8)                                              \
+          _mm256_storeu_ps(o + j, _mm256_fmadd_ps(x, LOAD8(kd + j), _mm256_loadu_ps(o + j))); \
     }                                                                                      \
-    for (; j + 8 <= end; j += 8) {                                                         \
-      __m256 a = _mm256_setzero_ps();                                                      \
-      for (int64_t d = 0; d < hd; ++d)                                                     \
-        a = _mm256_fmadd_ps(_mm256_set1_ps(qr[d]), LOAD8(kt + d * ks + j), a);             \
-      _mm256_storeu_ps(out + r * end + j, a);                                              \
-    }                                                                                      \
-    for (; j < end; ++j) {                                                                 \
+    for (int64_t j = full; j < end; ++j) {                                                 \
       float a = 0.0f;                                                                      \
       for (int64_t d = 0; d < hd; ++d) a = fmaf(qr[d], LD_OF(T)(kt + d * ks + j), a);      \
-      out[r * end + j] = a;                                                                \
+      o[j] = a;                                                                            \
     }                                                                                      \
   }
 static inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
