@@ -5,7 +5,11 @@
 A pass of width w verifies a w-token chain after a 200-token context (the shape of a speculative
 step; w = 1 is an `ar` step): layers, final norm and LM head, with the default exact numerics.
 Formats are interleaved round by round; the table gives the median ms per pass and its ratio to
-the same format's w = 1 pass. Writes OUT/results.json.
+the same format's w = 1 pass. Writes OUT/results.json. ``--contexts`` times the passes after
+other context lengths too, interleaved (what the attention costs as a conversation grows):
+
+    python benchmarks/pass_cost.py --quants int4 --widths 1,4,8 --contexts 128,1024,2048 \\
+        --out benchmarks/results/pass_context
 
 ``--parts`` adds, per format, the same passes with the layers' linears made free (each returns an
 empty tensor of its output shape: what attention, norms, RoPE, the KV writes and the Python
@@ -78,11 +82,13 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true", help="also time each pass without its linears (and head)")
     ap.add_argument("--torch-ops", action="store_true", help="also each format on torch's small ops, interleaved")
     ap.add_argument("--call-a-step", action="store_true", help="also with the C path called a step at a time")
+    ap.add_argument("--contexts", default=str(CONTEXT), help="context lengths the passes follow (comma-separated)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     widths = [int(w) for w in args.widths.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
     models = {q: paradec.load(default_gguf(), quant=q, backend="torch").model for q in args.quants.split(",")}
     if args.torch_ops:  # the same formats on torch's small ops, beside the C ones (``models.native``)
         for q in list(models):
@@ -94,20 +100,26 @@ def main() -> None:
     plans = {q + part: plan for q, m in models.items() for part, plan in parts(m, args.parts).items()}
     own = {q: m._plan for q, m in models.items()}  # built after every load: no registration after this
     variants = [(q, part) for q in models for part in (PARTS if args.parts else PARTS[:1])]
-    times: dict[tuple[str, int], list[float]] = {(q + part, w): [] for q, part in variants for w in widths}
+    cells = [(c, w) for c in contexts for w in widths]
+    times: dict[tuple[str, int, int], list[float]] = {(q + part, c, w): [] for q, part in variants for c, w in cells}
     with torch.inference_mode():
         caches = {}
-        prompt = torch.randint(0, 1000, (1, CONTEXT))
-        for q, m in models.items():
-            caches[q] = m.new_cache(1, CONTEXT + max(widths) + 1)
-            m.hidden(prompt, torch.arange(CONTEXT)[None], None, caches[q])
-            caches[q].advance(0, CONTEXT)
+        for c in contexts:
+            prompt = torch.randint(0, 1000, (1, c))
+            for q, m in models.items():
+                caches[(q, c)] = m.new_cache(1, c + max(widths) + 1)
+                for s in range(0, c, 256):  # in chunks, as a long prompt is prefilled
+                    n = min(256, c - s)
+                    mask = torch.ones(n, s + n, dtype=torch.bool)
+                    mask[:, s:] = torch.ones(n, n, dtype=torch.bool).tril()
+                    m.hidden(prompt[:, s : s + n], torch.arange(s, s + n)[None], mask[None, None], caches[(q, c)])
+                    caches[(q, c)].advance(0, n)
         for _ in range(args.rounds):
-            for w in widths:
+            for c, w in cells:
                 tokens = torch.randint(0, 1000, (1, w))
-                pos = torch.arange(CONTEXT, CONTEXT + w)[None]
-                mask = torch.ones(w, CONTEXT + w, dtype=torch.bool)
-                mask[:, CONTEXT:] = torch.ones(w, w, dtype=torch.bool).tril()
+                pos = torch.arange(c, c + w)[None]
+                mask = torch.ones(w, c + w, dtype=torch.bool)
+                mask[:, c:] = torch.ones(w, w, dtype=torch.bool).tril()
                 mask = None if w == 1 else mask[None, None]
                 for q, part in variants:
                     m = models[q]
@@ -115,30 +127,32 @@ def main() -> None:
                     table = None if part or q.endswith(A_STEP) else own[q].table
                     m._plan = dataclasses.replace(own[q], layers=plans[q + part], table=table)
                     head = part != PARTS[2]
-                    one_pass(m, tokens, pos, mask, caches[q], head)  # warm
+                    one_pass(m, tokens, pos, mask, caches[(q, c)], head)  # warm
                     t = time.perf_counter()
                     for _ in range(args.passes):
-                        one_pass(m, tokens, pos, mask, caches[q], head)
-                    times[(q + part, w)].append((time.perf_counter() - t) / args.passes * 1000)
+                        one_pass(m, tokens, pos, mask, caches[(q, c)], head)
+                    times[(q + part, c, w)].append((time.perf_counter() - t) / args.passes * 1000)
                     m._plan = own[q]
     rows = []
     for q, part in variants:
-        base = statistics.median(times[(q, widths[0])])
-        for w in widths:
-            ms = statistics.median(times[(q + part, w)])
-            rows.append({"quant": q + part, "width": w, "ms_per_pass": round(ms, 2), "vs_width_1": round(ms / base, 2)})
+        for c in contexts:
+            base = statistics.median(times[(q, c, widths[0])])
+            for w in widths:
+                ms = statistics.median(times[(q + part, c, w)])
+                row = {"quant": q + part, "context": c, "width": w, "ms_per_pass": round(ms, 2)}
+                rows.append({**row, "vs_width_1": round(ms / base, 2)})
     (out_dir / "results.json").write_text(
         json.dumps(
             {
                 "machine": machine(),
-                "context": CONTEXT,
+                "contexts": contexts,
                 "rows": rows,
-                "raw_ms": {f"{q}/{w}": v for (q, w), v in times.items()},
+                "raw_ms": {f"{q}/{c}/{w}": v for (q, c, w), v in times.items()},
             },
             indent=1,
         )
     )
-    print(markdown_table(rows, ["quant", "width", "ms_per_pass", "vs_width_1"]))
+    print(markdown_table(rows, ["quant", "context", "width", "ms_per_pass", "vs_width_1"]))
 
 
 if __name__ == "__main__":

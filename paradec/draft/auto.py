@@ -38,7 +38,7 @@ from paradec.draft.datastore import DatastoreLookup
 from paradec.draft.ngram import NgramDrafter
 from paradec.policy.auto import AutoStats, Choice, Option, RowStats, choose_group
 from paradec.state import StepReport
-from paradec.tree.proposal import DraftTree, Proposal, merge
+from paradec.tree.proposal import Proposal
 from paradec.tree.shadow import Shadow, settle, walk
 from paradec.tree.tree import TokenTree
 
@@ -108,11 +108,11 @@ class AutoDrafter(DrafterHooks):
     def propose(self, sequences: list[list[int]], generators: list[torch.Generator | None]) -> list[Proposal]:
         for name in [name for name in self.lookups if not self.stats.offers(name)]:
             del self.lookups[name]  # retired for the engine (``policy.auto``): no more lookups
-        found: dict[str, list[tuple[DraftTree, int]]] = {}  # lookup -> per row: (its chain, its context)
+        found: dict[str, list[tuple[list[int], int]]] = {}  # lookup -> per row: (its chain past the root, its context)
         for name, lookup in self.lookups.items():
             t0 = time.perf_counter()
             # the context of its statistics: how long a suffix matched (a datastore's: and how many agreed)
-            found[name] = [(lookup.propose(seq), lookup.matched) for seq in sequences]
+            found[name] = [(_first(lookup.continuations(seq)), lookup.matched) for seq in sequences]
             self.stats.observe_draft(name, (time.perf_counter() - t0) / len(sequences), len(sequences))
         for name in [name for name in self.arms if not self.stats.offers(name)]:
             del self.arms[name]
@@ -122,8 +122,8 @@ class AutoDrafter(DrafterHooks):
             options.append([Option(name, self.sizes[name]) for name in self.arms])
             for name, rows in found.items():
                 chain, context = rows[b]
-                if len(chain.tokens) > 1:
-                    options[b].append(Option(name, len(chain.tokens) - 1, context))
+                if chain:
+                    options[b].append(Option(name, len(chain), context))
         self.choices = choose_group(self.stats, self.rows, options, self.batch)
         for c in self.choices:
             self.stats.tally([*self.arms, *self.lookups], c)
@@ -147,18 +147,21 @@ class AutoDrafter(DrafterHooks):
         for b, (seq, c) in enumerate(zip(sequences, self.choices)):
             if c.drafter == "ar":
                 prop = Proposal.root_only(seq[-1])
-            elif c.drafter in found:
-                prop = merge(seq[-1], [found[c.drafter][b][0]])
+                self.whole.append(prop.tree)
+            elif c.drafter in found:  # a chain: verified as far as it pays
+                chain = found[c.drafter][b][0]
+                self.whole.append(TokenTree.chain(seq[-1], chain))
+                prop = Proposal.chain(seq[-1], chain[: c.width - 1])
             else:  # a drawn tree is verified whole: which draws are kept must not depend on their values
                 prop = drafted[c.drafter][b]
-            self.whole.append(prop.tree)
-            if c.drafter != "ar" and (self.greedy or c.drafter in found):
-                prop = prop.cut(c.width)
+                self.whole.append(prop.tree)
+                if self.greedy:
+                    prop = prop.cut(c.width)
             prop.source = c.drafter
             for name, rows in found.items():
                 chain, context = rows[b]
-                if c.drafter != name and len(chain.tokens) > 1:
-                    self.shadows[b].append(Shadow((name, context), TokenTree.chain(chain.tokens[0], chain.tokens[1:])))
+                if c.drafter != name and chain:
+                    self.shadows[b].append(Shadow((name, context), TokenTree.chain(seq[-1], chain)))
             if self.greedy:  # the batch budget may cut it further: what each width is expected to commit
                 rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
                 prop.gains = list(accumulate(rates, initial=1.0))
@@ -204,3 +207,8 @@ class AutoDrafter(DrafterHooks):
         for b, r in enumerate(rows):
             out[b, : len(r)] = r
         return out
+
+
+def _first(chains: list[list[int]]) -> list[int]:
+    """A lookup's chain (``continuations``: at most one, as `auto` builds them), or [] for none."""
+    return chains[0] if chains else []

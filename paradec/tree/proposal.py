@@ -41,6 +41,12 @@ class Proposal:
     def root_only(root: int) -> Proposal:
         return Proposal(TokenTree.root_only(root), [[]])
 
+    @staticmethod
+    def chain(root: int, tokens: list[int]) -> Proposal:
+        """``root`` then ``tokens``, each a point mass under the one before (``merge`` of one chain)."""
+        draws = [[Draw(n, None)] for n in range(1, len(tokens) + 1)]
+        return Proposal(TokenTree.chain(root, tokens), [*draws, []])
+
     def cut(self, nodes: int) -> Proposal:
         """The first ``nodes`` nodes (parents come first, so a prefix is a tree) and their draws."""
         tree = TokenTree(self.tree.tokens[:nodes], self.tree.parents[:nodes])

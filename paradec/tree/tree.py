@@ -34,7 +34,10 @@ class TokenTree:
 
     @staticmethod
     def chain(root: int, tokens: list[int]) -> TokenTree:
-        return TokenTree((root, *tokens), tuple(range(-1, len(tokens))))
+        tree = object.__new__(TokenTree)  # a chain is a tree by construction: no check (`auto` builds ~3 a step)
+        object.__setattr__(tree, "tokens", (root, *tokens))
+        object.__setattr__(tree, "parents", tuple(range(-1, len(tokens))))
+        return tree
 
     def __len__(self) -> int:
         return len(self.tokens)
