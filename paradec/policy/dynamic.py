@@ -173,12 +173,16 @@ class CurveLatency:
     def __init__(self, curve: PassCost, decay: float = 0.97) -> None:
         self.curve, self.decay = curve, decay
         self.seconds = self.predicted = 0.0
-        self.recent: dict[int, float] = {}  # positions -> passes seen lately (weighted with ``decay``)
+        # positions -> (passes seen lately, weighted with ``decay``, as of pass ``_passes``): aged when
+        # read, not every pass (a step's Python runs after a pass has evicted it from the caches)
+        self.recent: dict[int, tuple[float, int]] = {}
+        self._passes = 0
         self.shape: dict[int, list[float]] = {}  # positions -> [sum of seconds / scaled curve, passes]
         self._curve: dict[float, float] = {}  # positions -> the curve's seconds (auto asks ~20 a step)
         # positions -> the curve times that size's factor: what changes with every pass is the scale
         # alone, and a pass moves its own size's factor only (auto prices ~20 sizes a step)
         self._shaped: dict[float, float] = {}
+        self._shaped_at: dict[int, list[float]] = {}  # round(positions) -> its keys in ``_shaped``
 
     def observe(self, positions: float, seconds: float) -> None:
         curve = self._at(positions)
@@ -187,21 +191,20 @@ class CurveLatency:
         # (200 passes of one token after a few of four) moves neither
         self.predicted = self.predicted * self.decay + curve * self._factor(positions)
         if self.curve.measured:
-            for key in list(self.recent):
-                self.recent[key] *= self.decay
-                if self.recent[key] < 0.01:
-                    del self.recent[key]
+            self._passes += 1
             key = round(positions)
-            self.recent[key] = self.recent.get(key, 0.0) + 1.0
+            self.recent[key] = (self.seen(positions) + 1.0, self._passes)
             sums = self.shape.setdefault(key, [0.0, 0.0])
             sums[0] = sums[0] * self.SHAPE_DECAY + seconds / (self.seconds / self.predicted * curve)
             sums[1] = sums[1] * self.SHAPE_DECAY + 1.0
-            for at in [at for at in self._shaped if round(at) == key]:
-                del self._shaped[at]
+            for at in self._shaped_at.pop(key, ()):
+                self._shaped.pop(at, None)
 
     def seen(self, positions: float) -> float:
         """How many recent passes of this size were observed (weighted)."""
-        return self.recent.get(round(positions), 0.0)
+        count, at = self.recent.get(round(positions), (0.0, self._passes))
+        count *= self.decay ** (self._passes - at)
+        return count if count >= 0.01 else 0.0
 
     def predict(self, positions: float) -> float:
         return max(self.scale() * self.shaped(positions), 1e-9)
@@ -214,6 +217,7 @@ class CurveLatency:
         """The curve at ``positions`` times that size's own factor (unscaled)."""
         if positions not in self._shaped:
             self._shaped[positions] = self._at(positions) * self._factor(positions)
+            self._shaped_at.setdefault(round(positions), []).append(positions)
         return self._shaped[positions]
 
     def _factor(self, positions: float) -> float:
