@@ -83,6 +83,7 @@ class Choice:
     value: float = 0.0  # expected committed tokens per second of the row
     explored: bool = False  # taken to look again (EXPLORE_EVERY), not because it was the best
     expected: float = 1.0  # expected committed tokens of the row
+    rates: tuple[float, ...] = ()  # [node 1, ..., node size]: each node's chance to be accepted, as priced
 
 
 @dataclass
@@ -275,16 +276,17 @@ def _rank(
     tokens, option, width) and builds a ``Choice`` only for what it returns."""
     widest = 1 + max((opt.size for opt in options), default=0)
     scale, share = stats.shares(batch, widest)  # a row's share of a pass padded to w: scale * share[w]
-    plain = (1.0 / (scale * share[1] + stats.overhead), 1.0, None, 1)
+    plain = (1.0 / (scale * share[1] + stats.overhead), 1.0, None, 1, ())
     best, runner_up, every = plain, None, [plain]
     bar = plain[0] * (1 + (0.0 if stats.frozen else stats.hurdle))  # what a drafting option must beat (HURDLE)
     for opt in options:
         cost = stats.draft_cost(opt.drafter, rows) + stats.overhead
         gained = 0.0
-        for w, rate in enumerate(row.rates((opt.drafter, opt.context), opt.size), 2):
+        rates = tuple(row.rates((opt.drafter, opt.context), opt.size))
+        for w, rate in enumerate(rates, 2):
             gained += rate
             value = (1.0 + gained) / (scale * share[w] + cost)
-            every.append((value, 1.0 + gained, opt, w))
+            every.append((value, 1.0 + gained, opt, w, rates))
             if value > max(best[0], bar) * (1 + 1e-9):
                 best = every[-1]
             if runner_up is None or value > runner_up[0]:
@@ -295,11 +297,11 @@ def _rank(
     return _choice(best), None if runner_up is None else _choice(runner_up)
 
 
-def _choice(ranked: tuple[float, float, Option | None, int]) -> Choice:
-    value, expected, opt, width = ranked
+def _choice(ranked: tuple[float, float, Option | None, int, tuple[float, ...]]) -> Choice:
+    value, expected, opt, width, rates = ranked
     if opt is None:
         return Choice("ar", 1, 0, value)
-    return Choice(opt.drafter, width, opt.context, value, expected=expected)
+    return Choice(opt.drafter, width, opt.context, value, expected=expected, rates=rates)
 
 
 def _group_value(stats: AutoStats, choices: list[Choice], batch: int) -> float:

@@ -30,7 +30,7 @@ class TokenTree:
 
     @staticmethod
     def root_only(token: int) -> TokenTree:
-        return TokenTree((token,), (-1,))
+        return TokenTree.chain(token, [])
 
     @staticmethod
     def chain(root: int, tokens: list[int]) -> TokenTree:
