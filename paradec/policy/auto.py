@@ -59,10 +59,9 @@ PER_ROW = frozenset({"pld", "rest"})
 # PRIOR_ACCEPT, 0.6, as every drafter's): a chain a row declines is scored for free (``Shadow``), so
 # `auto` need not verify chains in a new context to learn whether they pay, and a new engine
 # verified them at a loss until it had (the demo's 64-token answers: 0.93x `ar` at 0.6, 0.95x at
-# 0.3; in the demo's protocol with fresh statistics, 5 trials on Zen 4: 0.969x at 0.3, worst
-# answer 0.77x, and 0.980x at 0.15, worst 0.88x). One chain accepted in a context lifts its rate
-# to 0.43, one declined drops it to 0.1 (``PRIOR_WEIGHT``)
-LOOKUP_PRIORS = dict.fromkeys(PER_ROW, 0.15)
+# 0.3). Not lower: at 0.15 the datastore was chosen on too few of its first 64 row-steps and
+# retired for the engine (RETIRE_SHARE) in one of two Spec-Bench runs, taking its gains with it
+LOOKUP_PRIORS = dict.fromkeys(PER_ROW, 0.3)
 
 
 @dataclass(frozen=True)
