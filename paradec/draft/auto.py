@@ -163,10 +163,8 @@ class AutoDrafter(DrafterHooks):
                 if c.drafter != name and chain:
                     self.shadows[b].append(Shadow((name, context), TokenTree.chain(seq[-1], chain)))
             if self.greedy:  # the batch budget may cut it further: what each width is expected to commit
-                rates = c.rates[: len(prop.tree) - 1]  # as ``choose`` priced them (none for `ar`)
-                if len(rates) < len(prop.tree) - 1:  # a drawn tree verified whole, past its priced size
-                    rates = self.rows[b].rates((c.drafter, c.context), len(prop.tree) - 1)
-                prop.gains = list(accumulate(rates, initial=1.0))
+                # as ``choose`` priced them (none for `ar`; a tree here is cut to its chosen width)
+                prop.gains = list(accumulate(c.rates[: len(prop.tree) - 1], initial=1.0))
             self.trees.append(prop)
         return self.trees
 

@@ -136,10 +136,9 @@ static inline __m256 pd_exp8(__m256 x) {
   }
 
 #ifdef PD_AVX2
-/* Blocks of keys at once, each score its own accumulator: an FMA's result feeds the next of its
-   chain 4 cycles later, so one chain per 8 keys (a 1-token pass) ran at a quarter of the FMA
-   units' rate, the attention of a 2048-token context ~5 ms of a 10 ms SmolLM2 pass. The chains
-   (over d, in order) are unchanged, and so are the bits. */
+/* Four queries score 16 keys at once (8 chains: an FMA's result feeds the next of its chain 4
+   cycles later), prefetching each key row ahead; one query runs d outermost (below). Either way
+   each score is the same chain over d, in order, so the bits do not depend on the path. */
 #define PD_SCORES_AVX2(T, LOAD8)                                                           \
   for (; r + 4 <= rows; r += 4) {                                                          \
     const float* q0 = q + r * hd;                                                          \
@@ -249,48 +248,20 @@ static float pd_softmax_weights(float* x, int64_t count, float top) {
 /* acc [hd] = sum over c of e[c] * v[seen[c], :] (row j at v + j * hd), in c's order for every
    element. Defined for fp32 and bf16 values. */
 #ifdef PD_AVX2
-/* 64 elements (8 chains) at a time where the head has them, then 32: with 4 chains, each waits on
-   its last FMA and the units run at half their rate. */
-#define PD_WV_AVX2(LOAD8)                                              \
-  for (; d0 + 64 <= hd; d0 += 64) {                                    \
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;        \
-    __m256 a4 = a0, a5 = a0, a6 = a0, a7 = a0;                         \
-    for (int64_t c = 0; c < count; ++c) {                              \
-      const __typeof__(v) vj = v + PD_SLOT(c) * hd + d0;               \
-      __m256 w = _mm256_set1_ps(e[c]);                                 \
-      a0 = _mm256_fmadd_ps(w, LOAD8(vj), a0);                          \
-      a1 = _mm256_fmadd_ps(w, LOAD8(vj + 8), a1);                      \
-      a2 = _mm256_fmadd_ps(w, LOAD8(vj + 16), a2);                     \
-      a3 = _mm256_fmadd_ps(w, LOAD8(vj + 24), a3);                     \
-      a4 = _mm256_fmadd_ps(w, LOAD8(vj + 32), a4);                     \
-      a5 = _mm256_fmadd_ps(w, LOAD8(vj + 40), a5);                     \
-      a6 = _mm256_fmadd_ps(w, LOAD8(vj + 48), a6);                     \
-      a7 = _mm256_fmadd_ps(w, LOAD8(vj + 56), a7);                     \
-    }                                                                  \
-    _mm256_storeu_ps(acc + d0, a0);                                    \
-    _mm256_storeu_ps(acc + d0 + 8, a1);                                \
-    _mm256_storeu_ps(acc + d0 + 16, a2);                               \
-    _mm256_storeu_ps(acc + d0 + 24, a3);                               \
-    _mm256_storeu_ps(acc + d0 + 32, a4);                               \
-    _mm256_storeu_ps(acc + d0 + 40, a5);                               \
-    _mm256_storeu_ps(acc + d0 + 48, a6);                               \
-    _mm256_storeu_ps(acc + d0 + 56, a7);                               \
-  }                                                                    \
-  for (; d0 + 32 <= hd; d0 += 32) {                                    \
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;        \
-    for (int64_t c = 0; c < count; ++c) {                              \
-      const __typeof__(v) vj = v + PD_SLOT(c) * hd + d0;               \
-      __m256 w = _mm256_set1_ps(e[c]);                                 \
-      a0 = _mm256_fmadd_ps(w, LOAD8(vj), a0);                          \
-      a1 = _mm256_fmadd_ps(w, LOAD8(vj + 8), a1);                      \
-      a2 = _mm256_fmadd_ps(w, LOAD8(vj + 16), a2);                     \
-      a3 = _mm256_fmadd_ps(w, LOAD8(vj + 24), a3);                     \
-    }                                                                  \
-    _mm256_storeu_ps(acc + d0, a0);                                    \
-    _mm256_storeu_ps(acc + d0 + 8, a1);                                \
-    _mm256_storeu_ps(acc + d0 + 16, a2);                               \
-    _mm256_storeu_ps(acc + d0 + 24, a3);                               \
+/* N * 8 elements at a time, N chains (64 where the head has them, then 32): with 4 chains, each
+   waits on its last FMA and the units run at half their rate. The loops over k unroll at -O3. */
+#define PD_WV_BLOCK(LOAD8, N)                                                         \
+  for (; d0 + 8 * (N) <= hd; d0 += 8 * (N)) {                                         \
+    __m256 a[N];                                                                      \
+    for (int k = 0; k < (N); ++k) a[k] = _mm256_setzero_ps();                         \
+    for (int64_t c = 0; c < count; ++c) {                                             \
+      const __typeof__(v) vj = v + PD_SLOT(c) * hd + d0;                              \
+      __m256 w = _mm256_set1_ps(e[c]);                                                \
+      for (int k = 0; k < (N); ++k) a[k] = _mm256_fmadd_ps(w, LOAD8(vj + 8 * k), a[k]); \
+    }                                                                                 \
+    for (int k = 0; k < (N); ++k) _mm256_storeu_ps(acc + d0 + 8 * k, a[k]);           \
   }
+#define PD_WV_AVX2(LOAD8) PD_WV_BLOCK(LOAD8, 8) PD_WV_BLOCK(LOAD8, 4)
 #else
 #define PD_WV_AVX2(LOAD8)
 #endif
